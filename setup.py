@@ -1,0 +1,175 @@
+"""Build script for mla_decode.
+
+Builds against the torch that is already installed:
+
+    pip install --no-build-isolation -e .
+
+What gets compiled follows the toolchain, never whether a GPU is visible:
+  * the C++ CPU operators, always;
+  * the CUDA kernels when torch is a CUDA build and nvcc is found (CUDA_HOME);
+  * the HIP kernels (hipified from the same sources) when torch is a ROCm build.
+
+Environment flags:
+  MLA_DECODE_CUDA=0|1   skip / require the CUDA kernels (default: build if possible)
+  MLA_DECODE_HIP=0|1    skip / require the HIP kernels (default: build if possible)
+  MLA_DECODE_DEBUG=1    -O0 -g, device line info
+  TORCH_CUDA_ARCH_LIST  CUDA archs (default "8.0;9.0a": mma.sync needs sm_80+)
+  PYTORCH_ROCM_ARCH     AMD archs (default "gfx942")
+  MAX_JOBS              parallel compile jobs (ninja)
+"""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import setup
+
+ROOT = Path(__file__).resolve().parent
+CSRC = ROOT / "csrc"
+
+
+def fail(msg: str) -> None:
+    sys.stderr.write(f"\nmla_decode build error: {msg}\n\n")
+    raise SystemExit(1)
+
+
+def env_flag(name: str):
+    """None when unset, else True/False."""
+    v = os.environ.get(name)
+    if v is None or v == "":
+        return None
+    if v.lower() in ("1", "true", "yes", "on"):
+        return True
+    if v.lower() in ("0", "false", "no", "off"):
+        return False
+    fail(f"{name}={v!r} is not understood; use 0 or 1.")
+
+
+try:
+    import torch
+    from torch.utils import cpp_extension
+except ImportError:
+    fail("torch is not installed. Install torch first (pip install torch), then build with "
+         "`pip install --no-build-isolation -e .` so the extension matches that torch.")
+
+
+def nvcc_version(cuda_home):
+    nvcc = Path(cuda_home) / "bin" / "nvcc"
+    try:
+        out = subprocess.check_output([str(nvcc), "--version"], text=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    m = re.search(r"release (\d+)\.(\d+)", out)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+# Lowest nvcc release that knows each arch we may be asked for.
+_MIN_NVCC_FOR_ARCH = {"8.0": (11, 0), "8.6": (11, 1), "8.9": (11, 8), "9.0": (11, 8), "9.0a": (12, 0),
+                      "10.0": (12, 8), "10.0a": (12, 8), "12.0": (12, 8)}
+
+
+def choose_backend():
+    want_cuda = env_flag("MLA_DECODE_CUDA")
+    want_hip = env_flag("MLA_DECODE_HIP")
+    is_rocm_torch = torch.version.hip is not None
+    is_cuda_torch = torch.version.cuda is not None
+
+    if want_cuda and want_hip:
+        fail("MLA_DECODE_CUDA=1 and MLA_DECODE_HIP=1 were both set; one build targets one vendor.")
+    if want_hip:
+        if not is_rocm_torch:
+            fail(f"MLA_DECODE_HIP=1 but this torch ({torch.__version__}) is not a ROCm build. Install a ROCm "
+                 "build of torch, or unset MLA_DECODE_HIP.")
+        return "hip"
+    if want_cuda:
+        if not is_cuda_torch:
+            fail(f"MLA_DECODE_CUDA=1 but this torch ({torch.__version__}) is not a CUDA build. Install a CUDA "
+                 "build of torch, or unset MLA_DECODE_CUDA.")
+        if cpp_extension.CUDA_HOME is None:
+            fail("MLA_DECODE_CUDA=1 but nvcc was not found. Set CUDA_HOME to a CUDA toolkit whose major version "
+                 f"matches torch's CUDA {torch.version.cuda}, or unset MLA_DECODE_CUDA.")
+        return "cuda"
+    if is_rocm_torch and want_hip is not False and cpp_extension.ROCM_HOME is not None:
+        return "hip"
+    if is_cuda_torch and want_cuda is not False and cpp_extension.CUDA_HOME is not None:
+        return "cuda"
+    return "cpu"
+
+
+def check_cuda_archs():
+    archs = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if not archs:
+        archs = "8.0;9.0a"
+        os.environ["TORCH_CUDA_ARCH_LIST"] = archs
+    ver = nvcc_version(cpp_extension.CUDA_HOME)
+    for a in re.split(r"[;\s,]+", archs.strip()):
+        a = a.replace("+PTX", "")
+        if not a:
+            continue
+        base = float(re.match(r"\d+\.\d+", a).group(0)) if re.match(r"\d+\.\d+", a) else None
+        if base is not None and base < 8.0:
+            fail(f"TORCH_CUDA_ARCH_LIST contains {a}, but the kernels use mma.sync bf16 tensor cores, which need "
+                 "compute capability 8.0 or newer. Remove it (or build CPU-only with MLA_DECODE_CUDA=0).")
+        need = _MIN_NVCC_FOR_ARCH.get(a)
+        if ver is not None and need is not None and ver < need:
+            fail(f"nvcc {ver[0]}.{ver[1]} cannot compile for arch {a} (needs nvcc {need[0]}.{need[1]} or newer). "
+                 "Install a newer CUDA toolkit or remove that arch from TORCH_CUDA_ARCH_LIST.")
+    return archs
+
+
+def build_extension():
+    backend = choose_backend()
+    debug = env_flag("MLA_DECODE_DEBUG") is True
+    cxx_flags = ["-O0", "-g"] if debug else ["-O3"]
+    cxx_flags += ["-std=c++17", "-DMLA_DECODE_BUILD"]
+    sources = sorted(str(p.relative_to(ROOT)) for p in (CSRC / "ops").glob("*.cpp")
+                     if p.name != "dispatch_cuda.cpp")
+    sources += sorted(str(p.relative_to(ROOT)) for p in (CSRC / "cpu").glob("*.cpp"))
+    include_dirs = [str(CSRC)]
+
+    if backend == "cpu":
+        print("mla_decode: building the CPU operators only "
+              f"(torch {torch.__version__}: cuda={torch.version.cuda}, hip={torch.version.hip}, "
+              f"CUDA_HOME={cpp_extension.CUDA_HOME})")
+        ext = cpp_extension.CppExtension("mla_decode._C", sources, include_dirs=include_dirs,
+                                         extra_compile_args={"cxx": cxx_flags})
+        return ext, backend
+
+    gpu_sources = ["csrc/ops/dispatch_cuda.cpp"]
+    gpu_sources += sorted(str(p.relative_to(ROOT)) for p in (CSRC / "cuda").glob("*.cu"))
+    if backend == "cuda":
+        archs = check_cuda_archs()
+        print(f"mla_decode: building CPU + CUDA operators for TORCH_CUDA_ARCH_LIST={archs}")
+        nvcc_flags = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-DMLA_DECODE_WITH_CUDA",
+                      "-Xptxas=-warn-spills", "--use_fast_math"]
+        if debug:
+            nvcc_flags = ["-O0", "-g", "-lineinfo", "-std=c++17", "-DMLA_DECODE_WITH_CUDA"]
+        cxx = cxx_flags + ["-DMLA_DECODE_WITH_CUDA"]
+    else:
+        archs = os.environ.setdefault("PYTORCH_ROCM_ARCH", "gfx942")
+        print(f"mla_decode: building CPU + HIP operators for PYTORCH_ROCM_ARCH={archs}")
+        nvcc_flags = ["-O3", "-std=c++17", "-DMLA_DECODE_WITH_HIP"]
+        cxx = cxx_flags + ["-DMLA_DECODE_WITH_HIP"]
+    ext = cpp_extension.CUDAExtension("mla_decode._C", sources + gpu_sources, include_dirs=include_dirs,
+                                      extra_compile_args={"cxx": cxx, "nvcc": nvcc_flags})
+    return ext, backend
+
+
+ext, backend = build_extension()
+build_info = ROOT / "mla_decode" / "_build_info.py"
+build_info.write_text(
+    "# Written by setup.py at build time; do not edit.\n"
+    f"BACKEND = {backend!r}\n"
+    f"TORCH_VERSION = {torch.__version__!r}\n"
+    f"CUDA_VERSION = {torch.version.cuda!r}\n"
+    f"HIP_VERSION = {torch.version.hip!r}\n"
+    f"CUDA_ARCHS = {os.environ.get('TORCH_CUDA_ARCH_LIST') if backend == 'cuda' else None!r}\n"
+    f"ROCM_ARCHS = {os.environ.get('PYTORCH_ROCM_ARCH') if backend == 'hip' else None!r}\n"
+)
+
+setup(
+    ext_modules=[ext],
+    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+)
