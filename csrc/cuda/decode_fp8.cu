@@ -1,0 +1,11 @@
+// Instantiates the split-KV decode kernel for the fp8 cache format.
+#include "decode_kernel.cuh"
+
+namespace mla_decode {
+namespace cuda {
+
+template cudaError_t launch_split_kernel<KvFormat::kFp8E4M3FN>(const DecodeLaunch&, cudaStream_t);
+template cudaError_t launch_split_kernel<KvFormat::kFp8E4M3FNUZ>(const DecodeLaunch&, cudaStream_t);
+
+}  // namespace cuda
+}  // namespace mla_decode

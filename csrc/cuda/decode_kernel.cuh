@@ -1,0 +1,566 @@
+// Split-KV MLA decode kernel for NVIDIA sm_80+ (mma.sync bf16 tensor cores).
+//
+// Grid:  x = query token t * head_groups + head group (16 heads),   (fastest: the
+//            CTAs that read the same KV rows run side by side and share L2)
+//        y = KV split.
+// Block: 128 threads = 4 warps; one CTA owns 16 query rows (heads h0..h0+15 of
+//        token t) and the KV positions [kv_begin, kv_end) of its split.
+//
+// Per 32-token stage (cp.async ring of kStages stages, raw cache bytes in
+// shared memory, 16 bytes of padding per row against bank conflicts):
+//   1. QK^T, split over the head dim: warp w owns dims [144w, 144w+144) = 9
+//      k-steps of 16 and keeps its Q fragments in registers for the whole
+//      kernel; it produces a partial 16x32 score tile.
+//   2. The 4 partial tiles are summed through shared memory; 8 threads per
+//      row run the online softmax (log2 domain) and write P (bf16) and the
+//      rescale factor alpha.
+//   3. PV, split over the value dim: warp w owns dims [128w, 128w+128) and
+//      accumulates O (16 x 128 fp32 = 64 registers per thread).
+// fp8 and MXFP4 rows are dequantised in registers right before each mma
+// (never to bf16 in global memory). Because a k-step's dims and a value
+// tile's columns may be permuted freely (consistently for both operands),
+// each format uses the mapping that makes its smem reads wide and its
+// conversions cheap; the output store undoes the column permutation.
+//
+// mma.sync m16n8k16 fragments (g = lane / 4, c = lane % 4):
+//   A (16x16): a0 = (row g,   k 2c..2c+1)   a1 = (row g+8, k 2c..2c+1)
+//              a2 = (row g,   k 2c+8..+9)   a3 = (row g+8, k 2c+8..+9)
+//   B (16x8):  b0 = (k 2c..2c+1, col g)     b1 = (k 2c+8..+9, col g)
+//   C (16x8):  c0,c1 = (row g, cols 2c, 2c+1)   c2,c3 = (row g+8, same cols)
+//
+// With one split the kernel writes bf16 out and lse directly; with several it
+// writes fp32 partials (normalised O and LSE) that combine_kernel merges.
+#pragma once
+
+#include <math_constants.h>
+
+#include "../mla_decode/addressing.h"
+#include "../mla_decode/params.h"
+#include "decode_launch.h"
+#include "ptx_sm80.cuh"
+
+namespace mla_decode {
+namespace cuda {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = 4;
+constexpr int kBlockN = 32;              // tokens per pipeline stage
+constexpr int kKStepsPerWarp = 9;        // 576 / 16 / 4 warps
+constexpr int kVDimsPerWarp = 128;       // 512 / 4 warps
+constexpr int kRedStride = kBlockN + 4;  // floats per row of a partial score tile
+constexpr int kPStride = kBlockN + 8;    // bf16 per row of the P tile
+constexpr int kScaleStride = 20;         // u16 per token of the MXFP4 scale table (18 used)
+
+struct DecodeLaunch {
+  MlaDecodeParams p;
+  float* partial_out;  // (num_splits, total_q * H, 512) when num_splits > 1
+  float* partial_lse;  // (num_splits, total_q * H)
+  int32_t num_splits;
+  int32_t head_groups;
+};
+
+template <KvFormat F>
+struct FormatTraits;
+template <>
+struct FormatTraits<KvFormat::kBf16> {
+  static constexpr int kRowBytes = 1152;
+  static constexpr int kStages = 2;
+};
+template <>
+struct FormatTraits<KvFormat::kFp8E4M3FN> {
+  static constexpr int kRowBytes = 576;
+  static constexpr int kStages = 4;
+};
+template <>
+struct FormatTraits<KvFormat::kFp8E4M3FNUZ> {
+  static constexpr int kRowBytes = 576;
+  static constexpr int kStages = 4;
+};
+template <>
+struct FormatTraits<KvFormat::kMxfp4> {
+  static constexpr int kRowBytes = 288;
+  static constexpr int kStages = 6;
+};
+
+template <KvFormat F>
+struct SmemLayout {
+  static constexpr int kRowBytes = FormatTraits<F>::kRowBytes;
+  static constexpr int kStages = FormatTraits<F>::kStages;
+  static constexpr int kRowSmem = kRowBytes + 16;
+  static constexpr int kStageBytes = kBlockN * kRowSmem;
+  static constexpr int kKvOffset = 0;
+  static constexpr int kScaleOffset = kKvOffset + kStages * kStageBytes;
+  static constexpr int kScaleBytes = (F == KvFormat::kMxfp4) ? kStages * kBlockN * kScaleStride * 2 : 0;
+  static constexpr int kFlagOffset = kScaleOffset + kScaleBytes;
+  static constexpr int kFlagBytes = kStages * kBlockN * 4;
+  static constexpr int kRedOffset = kFlagOffset + kFlagBytes;
+  static constexpr int kRedBytes = kWarps * kTileRows * kRedStride * 4;
+  static constexpr int kPOffset = kRedOffset + kRedBytes;
+  static constexpr int kPBytes = kTileRows * kPStride * 2;
+  static constexpr int kStatOffset = kPOffset + kPBytes;
+  static constexpr int kStatBytes = 3 * kTileRows * 4;  // alpha, m, l per row
+  static constexpr int kTotal = kStatOffset + kStatBytes;
+};
+
+__device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// ---------------------------------------------------------------------------
+// Value-dim column mapping per format: output dim of (n-tile j, column n) in
+// the warp's 128-dim slice. C fragments hold columns 2c and 2c+1.
+// ---------------------------------------------------------------------------
+// Stores one row-half (half 0: row g, half 1: row g+8) of the PV accumulator
+// to 512 contiguous values at `dst` (bf16 when OutT == __nv_bfloat16, else
+// fp32), multiplied by `scale`, undoing the format's column permutation.
+template <KvFormat F, typename OutT>
+__device__ __forceinline__ void store_row(const float (&o)[16][4], int half, float scale, OutT* dst, int warp,
+                                          int c) {
+  const int r0 = 2 * half;
+  auto put = [&](int dim, float v0, float v1) {
+    if constexpr (sizeof(OutT) == 2) {
+      *reinterpret_cast<__nv_bfloat162*>(dst + dim) = __floats2bfloat162_rn(v0 * scale, v1 * scale);
+    } else {
+      *reinterpret_cast<float2*>(dst + dim) = make_float2(v0 * scale, v1 * scale);
+    }
+  };
+  if constexpr (F == KvFormat::kBf16) {
+    // n-tile j: dims 128w + 8j + {2c, 2c+1}
+#pragma unroll
+    for (int j = 0; j < 16; ++j) put(kVDimsPerWarp * warp + 8 * j + 2 * c, o[j][r0], o[j][r0 + 1]);
+  } else if constexpr (F == KvFormat::kMxfp4) {
+    // n-tile 8q+i, column n: dim 128w + 64q + 8n + i -> cols 2c, 2c+1 give dims
+    // base + 16c + i and base + 16c + 8 + i.
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int base = kVDimsPerWarp * warp + 64 * q + 16 * c;
+#pragma unroll
+      for (int i = 0; i < 8; i += 2) {
+        put(base + i, o[8 * q + i][r0], o[8 * q + i + 1][r0]);
+        put(base + 8 + i, o[8 * q + i][r0 + 1], o[8 * q + i + 1][r0 + 1]);
+      }
+    }
+  } else {
+    // fp8: n-tile 4q+i, column n: dim 128w + 32q + 4n + i -> cols 2c, 2c+1 give
+    // dims base + 8c + i and base + 8c + 4 + i.
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int base = kVDimsPerWarp * warp + 32 * q + 8 * c;
+#pragma unroll
+      for (int i = 0; i < 4; i += 2) {
+        put(base + i, o[4 * q + i][r0], o[4 * q + i + 1][r0]);
+        put(base + 4 + i, o[4 * q + i][r0 + 1], o[4 * q + i + 1][r0 + 1]);
+      }
+    }
+  }
+}
+
+template <KvFormat F>
+__device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint32_t two) {
+  if constexpr (F == KvFormat::kFp8E4M3FNUZ) {
+    return e4m3fnuz_x2_to_bf16x2(two);
+  } else {
+    return e4m3x2_to_bf16x2(two);
+  }
+}
+
+template <KvFormat F>
+__global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const DecodeLaunch args) {
+  using L = SmemLayout<F>;
+  constexpr int kStages = L::kStages;
+  constexpr bool kMx = F == KvFormat::kMxfp4;
+  constexpr bool kFp8 = F == KvFormat::kFp8E4M3FN || F == KvFormat::kFp8E4M3FNUZ;
+
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint8_t* smem_kv = smem + L::kKvOffset;
+  uint16_t* smem_scale = reinterpret_cast<uint16_t*>(smem + L::kScaleOffset);
+  int32_t* smem_flag = reinterpret_cast<int32_t*>(smem + L::kFlagOffset);
+  float* smem_red = reinterpret_cast<float*>(smem + L::kRedOffset);
+  __nv_bfloat16* smem_p = reinterpret_cast<__nv_bfloat16*>(smem + L::kPOffset);
+  float* smem_alpha = reinterpret_cast<float*>(smem + L::kStatOffset);
+  float* smem_m = smem_alpha + kTileRows;
+  float* smem_l = smem_m + kTileRows;
+
+  const MlaDecodeParams& p = args.p;
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int g = lane >> 2;
+  const int c = lane & 3;
+
+  // ---- which query token, heads and KV range ------------------------------
+  const int t = blockIdx.x / args.head_groups;
+  const int h0 = (blockIdx.x % args.head_groups) * kTileRows;
+  const int split = blockIdx.y;
+  int b = 0;
+  {
+    int lo = 0, hi = p.batch - 1;  // largest b with qo_indptr[b] <= t
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (__ldg(p.qo_indptr + mid) <= t) lo = mid; else hi = mid - 1;
+    }
+    b = lo;
+  }
+  const int q_begin = __ldg(p.qo_indptr + b);
+  const int q_end = __ldg(p.qo_indptr + b + 1);
+  // A token that no item owns (inconsistent qo_indptr) produces NaN, not garbage.
+  const bool orphan = t < q_begin || t >= q_end;
+  const int kv_len = orphan ? 0 : kv_length(p, b);
+  const int visible = orphan ? 0 : visible_keys(kv_len, q_end - q_begin, t - q_begin);
+  const int chunk = ceil_div(ceil_div(visible, args.num_splits), kBlockN) * kBlockN;
+  const int kv_begin = min(split * chunk, visible);
+  const int kv_end = min(kv_begin + chunk, visible);
+  const int n_tiles = ceil_div(kv_end - kv_begin, kBlockN);
+
+  float scale_log2 = p.sm_scale * 1.4426950408889634f;  // log2(e)
+  if constexpr (kFp8) {
+    // fp8 codes enter the mma unscaled; the per-tensor scale multiplies S and O.
+    scale_log2 *= __ldg(p.fp8_scale);
+  }
+
+  // ---- Q fragments (registers, whole kernel) -------------------------------
+  uint32_t qf[kKStepsPerWarp][4];
+  {
+    const int hA = h0 + g, hB = h0 + g + 8;
+    const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(p.q) + static_cast<int64_t>(t) * p.q_stride_token;
+    const __nv_bfloat16* qa = q + static_cast<int64_t>(hA) * p.q_stride_head;
+    const __nv_bfloat16* qb = q + static_cast<int64_t>(hB) * p.q_stride_head;
+    const bool va = !orphan && hA < p.num_heads, vb = !orphan && hB < p.num_heads;
+#pragma unroll
+    for (int kk = 0; kk < kKStepsPerWarp; ++kk) {
+      const int d = 16 * (kKStepsPerWarp * warp + kk) + 4 * c;
+      const uint2 x = va ? *reinterpret_cast<const uint2*>(qa + d) : make_uint2(0, 0);
+      const uint2 y = vb ? *reinterpret_cast<const uint2*>(qb + d) : make_uint2(0, 0);
+      if constexpr (kMx) {
+        // K pairs are (dim 4c, 4c+2) and (4c+1, 4c+3): permute Q the same way.
+        qf[kk][0] = prmt(x.x, x.y, 0x5410);
+        qf[kk][1] = prmt(y.x, y.y, 0x5410);
+        qf[kk][2] = prmt(x.x, x.y, 0x7632);
+        qf[kk][3] = prmt(y.x, y.y, 0x7632);
+      } else {
+        qf[kk][0] = x.x;
+        qf[kk][1] = y.x;
+        qf[kk][2] = x.y;
+        qf[kk][3] = y.y;
+      }
+    }
+  }
+
+  // ---- stage loader --------------------------------------------------------
+  const uint8_t* kv_base = static_cast<const uint8_t*>(p.kv);
+  // Lane n of every warp resolves the cache row of token n of the tile; rows
+  // are exchanged with shuffles. -2: past the range (zero-fill), -1: bad index.
+  auto tile_row = [&](int tile_idx) -> int {
+    const int j = kv_begin + tile_idx * kBlockN + lane;
+    if (j >= kv_end) return -2;
+    const int64_t r = kv_row(p, b, j);
+    return r < 0 ? -1 : static_cast<int>(r);
+  };
+  uint32_t mx_raw[5];  // MXFP4: staged E8M0 bytes of the tile being prefetched
+  auto load_scales = [&](int my_row) {
+    if constexpr (kMx) {
+      const int n = tid >> 2;
+      const int r = __shfl_sync(0xffffffffu, my_row, n);
+#pragma unroll
+      for (int m = 0; m < 5; ++m) {
+        const int blk = (tid & 3) + 4 * m;
+        mx_raw[m] = (r >= 0 && blk < kMxBlocksPerRow)
+                        ? __ldg(p.mx_scale + static_cast<int64_t>(r) * p.mx_scale_stride_row +
+                                static_cast<int64_t>(blk) * p.mx_scale_stride_col)
+                        : 0u;
+      }
+    }
+  };
+  auto store_scales = [&](int slot) {
+    if constexpr (kMx) {
+      const int n = tid >> 2;
+      uint16_t* dst = smem_scale + (slot * kBlockN + n) * kScaleStride;
+#pragma unroll
+      for (int m = 0; m < 5; ++m) {
+        const int blk = (tid & 3) + 4 * m;
+        if (blk < kMxBlocksPerRow) dst[blk] = static_cast<uint16_t>(e8m0_to_half_scale_bf16(mx_raw[m]));
+      }
+    }
+  };
+  auto issue_tile = [&](int tile_idx, int slot) {
+    const int my_row = tile_row(tile_idx);
+    constexpr int kChunks = L::kRowBytes / 16;
+    uint8_t* stage = smem_kv + slot * L::kStageBytes;
+#pragma unroll 2
+    for (int idx = tid; idx < kBlockN * kChunks; idx += kThreads) {
+      const int n = idx / kChunks;
+      const int ch = idx - n * kChunks;
+      const int r = __shfl_sync(0xffffffffu, my_row, n);
+      const uint8_t* src = kv_base + static_cast<int64_t>(r >= 0 ? r : 0) * p.kv_row_stride_bytes + ch * 16;
+      cp_async_16(smem_u32(stage + n * L::kRowSmem + ch * 16), src, r >= 0 ? 16 : 0);
+    }
+    if (warp == 0) smem_flag[slot * kBlockN + lane] = (my_row == -1) ? 1 : 0;
+    load_scales(my_row);
+  };
+
+  // ---- prologue ------------------------------------------------------------
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < n_tiles) {
+      issue_tile(s, s);
+      store_scales(s);
+    }
+    cp_async_commit();
+  }
+
+  float o[16][4];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  // Online-softmax state of row (tid / 8), kept identically by its 8 threads.
+  float m_run = -CUDART_INF_F;
+  float l_run = 0.f;
+  const int sm_row = tid >> 3;
+  const int sm_col = (tid & 7) * 4;
+
+  for (int it = 0; it < n_tiles; ++it) {
+    const int slot = it % kStages;
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // (A) tile `it` landed; everyone finished PV of it-1
+    const int next = it + kStages - 1;
+    if (next < n_tiles) issue_tile(next, next % kStages);
+    cp_async_commit();
+
+    const uint8_t* stage = smem_kv + slot * L::kStageBytes;
+    const uint16_t* scl = smem_scale + slot * kBlockN * kScaleStride;
+
+    // ---- 1. partial S = Q K^T over this warp's 144 dims ---------------------
+    float s_acc[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      s_acc[j][0] = s_acc[j][1] = s_acc[j][2] = s_acc[j][3] = 0.f;
+      const int n = 8 * j + g;
+      const uint8_t* row = stage + n * L::kRowSmem;
+#pragma unroll
+      for (int kk = 0; kk < kKStepsPerWarp; ++kk) {
+        const int d = 16 * (kKStepsPerWarp * warp + kk) + 4 * c;
+        uint32_t b0, b1;
+        if constexpr (F == KvFormat::kBf16) {
+          const uint2 v = *reinterpret_cast<const uint2*>(row + 2 * d);
+          b0 = v.x;
+          b1 = v.y;
+        } else if constexpr (kFp8) {
+          const uint32_t v = *reinterpret_cast<const uint32_t*>(row + d);
+          b0 = fp8x2_to_bf16x2<F>(v);
+          b1 = fp8x2_to_bf16x2<F>(v >> 16);
+        } else {
+          const uint32_t u = *reinterpret_cast<const uint16_t*>(row + d / 2);
+          const uint32_t s1 = scl[n * kScaleStride + d / kMxBlock];
+          const uint32_t s2 = s1 | (s1 << 16);
+          const uint32_t w = prmt(u, 0u, 0x4140);  // bytes [u0, 0, u1, 0]: codes at nibbles 0,1,4,5
+          uint32_t lut_lo, lut_hi;
+          e2m1_lookup8(w, lut_lo, lut_hi);
+          b0 = e2m1_pair<0>(w, lut_lo, lut_hi, s2);  // dims (4c, 4c+2)
+          b1 = e2m1_pair<1>(w, lut_lo, lut_hi, s2);  // dims (4c+1, 4c+3)
+        }
+        mma_bf16_m16n8k16(s_acc[j], qf[kk], b0, b1);
+      }
+    }
+    {
+      float* red = smem_red + warp * kTileRows * kRedStride;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        *reinterpret_cast<float2*>(red + g * kRedStride + 8 * j + 2 * c) = make_float2(s_acc[j][0], s_acc[j][1]);
+        *reinterpret_cast<float2*>(red + (g + 8) * kRedStride + 8 * j + 2 * c) =
+            make_float2(s_acc[j][2], s_acc[j][3]);
+      }
+    }
+    if (next < n_tiles) store_scales(next % kStages);
+    __syncthreads();  // (B) partial scores visible
+
+    // ---- 2. online softmax: 8 threads per row, 4 tokens each ---------------
+    {
+      float sv[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float4 x = *reinterpret_cast<const float4*>(smem_red + (w * kTileRows + sm_row) * kRedStride + sm_col);
+        sv[0] += x.x;
+        sv[1] += x.y;
+        sv[2] += x.z;
+        sv[3] += x.w;
+      }
+      const int pos0 = kv_begin + it * kBlockN + sm_col;
+      float tile_max = -CUDART_INF_F;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        sv[e] *= scale_log2;
+        if (pos0 + e >= kv_end) sv[e] = -CUDART_INF_F;
+        else if (smem_flag[slot * kBlockN + sm_col + e]) sv[e] = CUDART_NAN_F;
+        tile_max = fmaxf(tile_max, sv[e]);
+      }
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 4));
+      const float m_new = fmaxf(m_run, tile_max);
+      const bool none = m_new == -CUDART_INF_F;
+      const float alpha = none ? 1.f : exp2f(m_run - m_new);
+      float pv[4];
+      float psum = 0.f;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        pv[e] = none ? 0.f : exp2f(sv[e] - m_new);
+        psum += pv[e];
+      }
+      psum += __shfl_xor_sync(0xffffffffu, psum, 1);
+      psum += __shfl_xor_sync(0xffffffffu, psum, 2);
+      psum += __shfl_xor_sync(0xffffffffu, psum, 4);
+      l_run = l_run * alpha + psum;
+      m_run = m_new;
+      __nv_bfloat162* prow = reinterpret_cast<__nv_bfloat162*>(smem_p + sm_row * kPStride + sm_col);
+      prow[0] = __floats2bfloat162_rn(pv[0], pv[1]);
+      prow[1] = __floats2bfloat162_rn(pv[2], pv[3]);
+      if ((tid & 7) == 0) smem_alpha[sm_row] = alpha;
+    }
+    __syncthreads();  // (C) P and alpha visible
+
+    // ---- 3. O = alpha * O + P V over this warp's 128 value dims ------------
+    {
+      const float alpha_a = smem_alpha[g], alpha_b = smem_alpha[g + 8];
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        o[j][0] *= alpha_a;
+        o[j][1] *= alpha_a;
+        o[j][2] *= alpha_b;
+        o[j][3] *= alpha_b;
+      }
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        const int tb = 16 * kk;
+        uint32_t a[4];
+        a[0] = *reinterpret_cast<const uint32_t*>(smem_p + g * kPStride + tb + 2 * c);
+        a[1] = *reinterpret_cast<const uint32_t*>(smem_p + (g + 8) * kPStride + tb + 2 * c);
+        a[2] = *reinterpret_cast<const uint32_t*>(smem_p + g * kPStride + tb + 2 * c + 8);
+        a[3] = *reinterpret_cast<const uint32_t*>(smem_p + (g + 8) * kPStride + tb + 2 * c + 8);
+        if constexpr (F == KvFormat::kBf16) {
+          const int mi = lane >> 3, ri = lane & 7;
+          const int tok = tb + ri + (mi & 1) * 8;
+#pragma unroll
+          for (int q = 0; q < 8; ++q) {
+            const int dim = kVDimsPerWarp * warp + 16 * q + (mi >> 1) * 8;
+            uint32_t r[4];
+            ldmatrix_x4_trans(r, smem_u32(stage + tok * L::kRowSmem + 2 * dim));
+            mma_bf16_m16n8k16(o[2 * q], a, r[0], r[1]);
+            mma_bf16_m16n8k16(o[2 * q + 1], a, r[2], r[3]);
+          }
+        } else if constexpr (kFp8) {
+          const uint8_t* rA = stage + (tb + 2 * c) * L::kRowSmem;
+          const uint8_t* rB = rA + L::kRowSmem;
+          const uint8_t* rC = rA + 8 * L::kRowSmem;
+          const uint8_t* rD = rC + L::kRowSmem;
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int d = kVDimsPerWarp * warp + 32 * q + 4 * g;
+            const uint32_t wa = *reinterpret_cast<const uint32_t*>(rA + d);
+            const uint32_t wb = *reinterpret_cast<const uint32_t*>(rB + d);
+            const uint32_t wc = *reinterpret_cast<const uint32_t*>(rC + d);
+            const uint32_t wd = *reinterpret_cast<const uint32_t*>(rD + d);
+            const uint32_t x01 = prmt(wa, wb, 0x5140), x23 = prmt(wa, wb, 0x7362);
+            const uint32_t y01 = prmt(wc, wd, 0x5140), y23 = prmt(wc, wd, 0x7362);
+            mma_bf16_m16n8k16(o[4 * q + 0], a, fp8x2_to_bf16x2<F>(x01), fp8x2_to_bf16x2<F>(y01));
+            mma_bf16_m16n8k16(o[4 * q + 1], a, fp8x2_to_bf16x2<F>(x01 >> 16), fp8x2_to_bf16x2<F>(y01 >> 16));
+            mma_bf16_m16n8k16(o[4 * q + 2], a, fp8x2_to_bf16x2<F>(x23), fp8x2_to_bf16x2<F>(y23));
+            mma_bf16_m16n8k16(o[4 * q + 3], a, fp8x2_to_bf16x2<F>(x23 >> 16), fp8x2_to_bf16x2<F>(y23 >> 16));
+          }
+        } else {
+          const int tA = tb + 2 * c;
+          const uint8_t* rA = stage + tA * L::kRowSmem;
+          const uint8_t* rB = rA + L::kRowSmem;
+          const uint8_t* rC = rA + 8 * L::kRowSmem;
+          const uint8_t* rD = rC + L::kRowSmem;
+#pragma unroll
+          for (int q = 0; q < 2; ++q) {
+            const int d = kVDimsPerWarp * warp + 64 * q + 8 * g;  // 8 codes = 4 bytes per row
+            const int blk = d / kMxBlock;
+            const uint32_t wa = *reinterpret_cast<const uint32_t*>(rA + d / 2);
+            const uint32_t wb = *reinterpret_cast<const uint32_t*>(rB + d / 2);
+            const uint32_t wc = *reinterpret_cast<const uint32_t*>(rC + d / 2);
+            const uint32_t wd = *reinterpret_cast<const uint32_t*>(rD + d / 2);
+            const uint32_t sab = static_cast<uint32_t>(scl[tA * kScaleStride + blk]) |
+                                 (static_cast<uint32_t>(scl[(tA + 1) * kScaleStride + blk]) << 16);
+            const uint32_t scd = static_cast<uint32_t>(scl[(tA + 8) * kScaleStride + blk]) |
+                                 (static_cast<uint32_t>(scl[(tA + 9) * kScaleStride + blk]) << 16);
+            // Interleave two tokens' codes so that nibbles p and p+4 are
+            // (token A, token B) at the same dim.
+            const uint32_t w1 = prmt(wa, wb, 0x6420), w2 = prmt(wa, wb, 0x7531);
+            const uint32_t v1 = prmt(wc, wd, 0x6420), v2 = prmt(wc, wd, 0x7531);
+            uint32_t w1lo, w1hi, w2lo, w2hi, v1lo, v1hi, v2lo, v2hi;
+            e2m1_lookup8(w1, w1lo, w1hi);
+            e2m1_lookup8(w2, w2lo, w2hi);
+            e2m1_lookup8(v1, v1lo, v1hi);
+            e2m1_lookup8(v2, v2lo, v2hi);
+            mma_bf16_m16n8k16(o[8 * q + 0], a, e2m1_pair<0>(w1, w1lo, w1hi, sab), e2m1_pair<0>(v1, v1lo, v1hi, scd));
+            mma_bf16_m16n8k16(o[8 * q + 1], a, e2m1_pair<1>(w1, w1lo, w1hi, sab), e2m1_pair<1>(v1, v1lo, v1hi, scd));
+            mma_bf16_m16n8k16(o[8 * q + 4], a, e2m1_pair<2>(w1, w1lo, w1hi, sab), e2m1_pair<2>(v1, v1lo, v1hi, scd));
+            mma_bf16_m16n8k16(o[8 * q + 5], a, e2m1_pair<3>(w1, w1lo, w1hi, sab), e2m1_pair<3>(v1, v1lo, v1hi, scd));
+            mma_bf16_m16n8k16(o[8 * q + 2], a, e2m1_pair<0>(w2, w2lo, w2hi, sab), e2m1_pair<0>(v2, v2lo, v2hi, scd));
+            mma_bf16_m16n8k16(o[8 * q + 3], a, e2m1_pair<1>(w2, w2lo, w2hi, sab), e2m1_pair<1>(v2, v2lo, v2hi, scd));
+            mma_bf16_m16n8k16(o[8 * q + 6], a, e2m1_pair<2>(w2, w2lo, w2hi, sab), e2m1_pair<2>(v2, v2lo, v2hi, scd));
+            mma_bf16_m16n8k16(o[8 * q + 7], a, e2m1_pair<3>(w2, w2lo, w2hi, sab), e2m1_pair<3>(v2, v2lo, v2hi, scd));
+          }
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue --------------------------------------------------------------
+  if ((tid & 7) == 0) {
+    smem_m[sm_row] = m_run;
+    smem_l[sm_row] = l_run;
+  }
+  __syncthreads();
+  float out_scale = 1.f;
+  if constexpr (kFp8) out_scale = __ldg(p.fp8_scale);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = g + 8 * half;
+    const int h = h0 + r;
+    if (h >= p.num_heads) continue;
+    const float l = smem_l[r];
+    const float m = smem_m[r];
+    float inv = l > 0.f ? out_scale / l : 0.f;
+    float lse = l > 0.f ? (m + __log2f(l)) * 0.6931471805599453f : -CUDART_INF_F;
+    if (isnan(l) || orphan) {
+      inv = CUDART_NAN_F;
+      lse = CUDART_NAN_F;
+    }
+    if (args.num_splits == 1) {
+      __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(p.out) + static_cast<int64_t>(t) * p.out_stride_token +
+                           static_cast<int64_t>(h) * p.out_stride_head;
+      store_row<F>(o, half, inv, dst, warp, c);
+      if (warp == 0 && c == 0) p.lse[static_cast<int64_t>(t) * p.lse_stride_token + static_cast<int64_t>(h) * p.lse_stride_head] = lse;
+    } else {
+      const int64_t row = static_cast<int64_t>(t) * p.num_heads + h;
+      const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
+      float* dst = args.partial_out + (static_cast<int64_t>(split) * rows + row) * kHeadDimV;
+      store_row<F>(o, half, inv, dst, warp, c);
+      if (warp == 0 && c == 0) args.partial_lse[static_cast<int64_t>(split) * rows + row] = lse;
+    }
+  }
+}
+
+// Launches mla_decode_split_kernel<F>; explicitly instantiated per format in
+// decode_<format>.cu so the formats compile in parallel.
+template <KvFormat F>
+cudaError_t launch_split_kernel(const DecodeLaunch& args, cudaStream_t stream) {
+  constexpr int kSmem = SmemLayout<F>::kTotal;
+  static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
+  // The dynamic shared-memory opt-in is per device; remember which devices have it.
+  static unsigned long long configured_devices = 0;
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev < 64 && !(__atomic_load_n(&configured_devices, __ATOMIC_ACQUIRE) & (1ull << dev))) {
+    err = cudaFuncSetAttribute(mla_decode_split_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (err != cudaSuccess) return err;
+    __atomic_fetch_or(&configured_devices, 1ull << dev, __ATOMIC_ACQ_REL);
+  }
+  const dim3 grid(static_cast<unsigned>(args.p.total_q) * args.head_groups, args.num_splits);
+  mla_decode_split_kernel<F><<<grid, kThreads, kSmem, stream>>>(args);
+  return cudaGetLastError();
+}
+
+}  // namespace cuda
+}  // namespace mla_decode

@@ -1,0 +1,119 @@
+// Thin wrappers over the sm_80+ instructions the CUDA kernels use:
+// mma.sync (bf16 m16n8k16), ldmatrix, cp.async, prmt, and the register-level
+// format conversions (fp8 -> bf16, E2M1 -> bf16). Each wrapper is one or a
+// few instructions; the fragment layouts they assume are documented in
+// decode_kernel.cuh.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <stdint.h>
+
+#include "../mla_decode/formats.h"
+#include "../mla_decode/portability.h"
+
+namespace mla_decode {
+namespace cuda {
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// D += A * B for one m16n8k16 tile: A 16x16 bf16 (4 regs), B 16x8 bf16 (2 regs), D fp32 (4 regs).
+__device__ __forceinline__ void mma_bf16_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                  uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four transposed 8x8 b16 matrices: lane l supplies the row address of
+// matrix l/8, row l%8.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// 16-byte global -> shared copy that bypasses L1; src_bytes == 0 zero-fills
+// the destination without reading the source.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+__device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) {
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+__device__ __forceinline__ __nv_bfloat162 bits_bf16x2(uint32_t u) {
+  return *reinterpret_cast<__nv_bfloat162*>(&u);
+}
+
+// Two OCP e4m3 codes (low byte -> low half) to bf16x2, exactly (every e4m3
+// value is a bf16 value). Hardware e4m3 -> f16 conversion, then f16 -> bf16.
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t two_codes) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_codes & 0xFFFFu), __NV_E4M3);
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+  return bf16x2_bits(__floats2bfloat162_rn(f.x, f.y));
+}
+
+// Two e4m3fnuz codes (AMD MI300 flavour) to bf16x2, exactly, through the
+// scalar decoder: NVIDIA has no hardware for this flavour and it is not a
+// performance path here.
+__device__ __forceinline__ uint32_t e4m3fnuz_x2_to_bf16x2(uint32_t two_codes) {
+  const float lo = e4m3fnuz_to_float(static_cast<uint8_t>(two_codes & 0xFFu));
+  const float hi = e4m3fnuz_to_float(static_cast<uint8_t>((two_codes >> 8) & 0xFFu));
+  return bf16x2_bits(__floats2bfloat162_rn(lo, hi));
+}
+
+// E2M1 decode. Twice an E2M1 magnitude is an integer in {0,1,2,3,4,6,8,12};
+// prmt looks it up from an 8-byte table (nibble = byte selector). Putting that
+// integer k in the low byte under a 0x43 high byte gives the bf16 128 + k;
+// subtracting 128 gives k exactly, the sign is xor-ed in, and a multiply by
+// the block scale 2^(E-128) (bf16, per half) gives code * 2^(E-127).
+constexpr uint32_t kE2m1TwiceLo = 0x03020100u;  // codes 0..3 -> 0,1,2,3
+constexpr uint32_t kE2m1TwiceHi = 0x0C080604u;  // codes 4..7 -> 4,6,8,12
+
+// `w` holds 8 codes (nibble p = code p). Returns the bf16x2 pair
+// {code p (low half), code p+4 (high half)} scaled by `scale2` (bf16x2),
+// given the table bytes lut_lo = twice|code 0..3|, lut_hi = twice|code 4..7|.
+template <int P>
+__device__ __forceinline__ uint32_t e2m1_pair(uint32_t w, uint32_t lut_lo, uint32_t lut_hi, uint32_t scale2) {
+  constexpr uint32_t sel = P | (P << 4) | ((4 + P) << 8) | ((4 + P) << 12);
+  uint32_t x = prmt(lut_lo, lut_hi, sel);
+  x = (x & 0x00FF00FFu) | 0x43004300u;
+  __nv_bfloat162 y = __hsub2(bits_bf16x2(x), bits_bf16x2(0x43004300u));
+  const uint32_t sign = (w << (12 - 4 * P)) & 0x80008000u;
+  const uint32_t ys = bf16x2_bits(y) ^ sign;
+  return bf16x2_bits(__hmul2(bits_bf16x2(ys), bits_bf16x2(scale2)));
+}
+
+// Table bytes for the 8 codes of `w`: lo = codes 0..3, hi = codes 4..7.
+__device__ __forceinline__ void e2m1_lookup8(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  const uint32_t m = w & 0x77777777u;
+  lo = prmt(kE2m1TwiceLo, kE2m1TwiceHi, m);
+  hi = prmt(kE2m1TwiceLo, kE2m1TwiceHi, m >> 16);
+}
+
+// bf16 bits of 2^(E-128), the per-block multiplier applied to twice-magnitudes.
+__device__ __forceinline__ uint32_t e8m0_to_half_scale_bf16(uint32_t e) {
+  if (e == 0xFFu) return 0x7FC0u;     // NaN block
+  if (e >= 2u) return (e - 1u) << 7;  // normal bf16
+  return e == 1u ? 0x0040u : 0x0020u; // 2^-127, 2^-128: bf16 subnormals
+}
+
+}  // namespace cuda
+}  // namespace mla_decode
