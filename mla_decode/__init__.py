@@ -1,2 +1,16 @@
-"""mla_decode: Multi-head Latent Attention decode kernels for PyTorch."""
-from . import _ops  # noqa: F401  (loads the operators)
+"""mla_decode: Multi-head Latent Attention decode kernels for PyTorch.
+
+    import mla_decode
+    out = mla_decode.decode(q, kv_cache, qo_indptr, kv_indptr=kv_indptr)
+    out = mla_decode.custom_kernel(data)      # the competition tuple interface
+
+Operators: torch.ops.mla_decode.decode / decode_out (csrc/ops/schema.cpp).
+"""
+
+from . import _ops  # noqa: F401  (loads the operators, registers fake kernels)
+from .api import DEFAULT_SM_SCALE, decode, info
+from .competition import custom_kernel
+
+__version__ = "0.1.0"
+
+__all__ = ["decode", "custom_kernel", "info", "DEFAULT_SM_SCALE", "__version__"]

@@ -169,7 +169,22 @@ def _quant_chunk_aiter(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     return _pack_nibbles(nib), (e + 127).to(torch.uint8)
 
 
-_LEVELS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+_LUT_CACHE: dict = {}
+
+
+def _e2m1_lut(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """The 16 E2M1 values as a tensor on ``device``, built there from the code bits
+    (no host-to-device copy, so no synchronisation), cached per (device, dtype)."""
+    key = (str(device), dtype)
+    lut = _LUT_CACHE.get(key)
+    if lut is None:
+        c = torch.arange(16, dtype=torch.int32, device=device)
+        e = (c >> 1) & 3
+        m = (c & 1).to(dtype)
+        mag = torch.where(e == 0, m * 0.5, (1.0 + 0.5 * m) * torch.exp2((e - 1).to(dtype)))
+        lut = torch.where((c & 8) != 0, -mag, mag)   # -0.0 for code 8
+        _LUT_CACHE[key] = lut
+    return lut
 
 
 def _quant_chunk_nearest(x: torch.Tensor):
@@ -186,7 +201,7 @@ def _quant_chunk_nearest(x: torch.Tensor):
         scale_q = scale
         scale_f = scale
     v = xb / scale_f.unsqueeze(-1)
-    levels = torch.tensor(_LEVELS, dtype=torch.float32, device=x.device)
+    levels = _e2m1_lut(x.device, torch.float32)[:8]
     code = (v.abs().unsqueeze(-1) - levels).abs().argmin(dim=-1).to(torch.uint8)
     nib = (code | ((v < 0).to(torch.uint8) << 3)).reshape(rows, d)
     return _pack_nibbles(nib), scale_q
@@ -269,9 +284,9 @@ def _pad_scales(scales, rows, nb, pad_fill, view):
     cols_pad = -(-nb // 8) * 8
     dev = scales.device
     if pad_fill == "random":
-        g = torch.Generator(device="cpu")
+        g = torch.Generator(device=dev)
         g.manual_seed(0x5EED)
-        buf = torch.randint(0, 256, (rows_pad, cols_pad), dtype=torch.uint8, generator=g).to(dev)
+        buf = torch.randint(0, 256, (rows_pad, cols_pad), dtype=torch.uint8, device=dev, generator=g)
     else:
         buf = torch.full((rows_pad, cols_pad), int(pad_fill), dtype=torch.uint8, device=dev)
     if scales.dtype != torch.uint8:
@@ -304,8 +319,7 @@ def mxfp4_unpack_codes(kv_fp4: torch.Tensor) -> torch.Tensor:
 
 def e2m1_decode(codes: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """E2M1 code (0..15) -> value."""
-    lut = torch.tensor(E2M1_VALUES, dtype=dtype, device=codes.device)
-    return lut[codes.long()]
+    return _e2m1_lut(codes.device, dtype)[codes.long()]
 
 
 def dequantize_mxfp4(
