@@ -14,8 +14,7 @@ Helpers for ragged / indexed / paged cases used by the tests:
 
 from __future__ import annotations
 
-import math
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Dict, Sequence, Tuple, Union
 
 import torch
 

@@ -399,3 +399,19 @@ def test_ragged_helpers():
     assert q.shape == (3, 2, 576) and kv["bf16"].shape == (8, 1, 576)
     assert qo.tolist() == [0, 1, 1, 3] and kvp.tolist() == [0, 5, 5, 8]
     assert cfg["q_seq_len"] == 2 and cfg["kv_seq_len"] == 5
+
+
+def test_worked_example_block():
+    # the block worked by hand in docs/formats.md: amax 0.875 -> e = -2 -> byte 125 (0x7D)
+    vals = [0.875, -0.5, 0.0625, 0.1875, -0.3125, 0.4375, 0.625, -0.75,
+            0.125, 0.25, -0.0, 0.03125, 0.375, -0.875, 0.5625, 0.6875,
+            -0.125, 0.8125, -0.0625, 0.3125, 0.75, -0.25, 0.5, -0.5625,
+            0.0, -0.4375, 0.09375, 0.6875, -0.6875, 0.15625, -0.1875, 0.8125]
+    x = row_with_block0(vals, torch.bfloat16)
+    p, s = quantize_mxfp4(x)
+    assert s[0, 0].item() == 0x7D
+    assert nibbles(p) == [0x6, 0xC, 0x0, 0x2, 0xA, 0x4, 0x4, 0xD, 0x1, 0x2, 0x8, 0x0, 0x3, 0xE, 0x4, 0x5,
+                          0x9, 0x5, 0x8, 0x2, 0x5, 0xA, 0x4, 0xC, 0x0, 0xC, 0x1, 0x5, 0xD, 0x1, 0xA, 0x5]
+    assert bytes(p[0, :16].tolist()).hex(" ").upper() == "C6 20 4A D4 21 08 E3 54 59 28 A5 C4 C0 51 1D 5A"
+    d = dequantize_mxfp4(p, s)[0, :16].tolist()
+    assert d == [1.0, -0.5, 0.0, 0.25, -0.25, 0.5, 0.5, -0.75, 0.125, 0.25, -0.0, 0.0, 0.375, -1.0, 0.5, 0.75]
