@@ -44,11 +44,23 @@ import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-try:
-    import mla_decode  # noqa: F401
-except ImportError:  # running from a checkout that is not pip-installed
+def _import_mla_decode():
+    """The installed package; or this checkout's when that import fails or only finds a
+    namespace package (a stale editable install)."""
+    try:
+        import mla_decode as m
+        if getattr(m, "__file__", None) and hasattr(m, "custom_kernel"):
+            return m
+    except ImportError:
+        pass
+    for k in [k for k in sys.modules if k == "mla_decode" or k.startswith("mla_decode.")]:
+        del sys.modules[k]
     sys.path.insert(0, str(REPO_ROOT))
-    import mla_decode  # noqa: F401
+    import mla_decode as m
+    return m
+
+
+mla_decode = _import_mla_decode()
 
 from mla_decode.inputs import generate_input  # noqa: E402
 
@@ -858,6 +870,7 @@ def main(argv=None):
         flush_bytes = (args.flush_mb * 2**20) if args.flush_mb else max(256 * 2**20, 4 * l2)
     flusher = L2Flusher(device, flush_bytes)
     meta = gather_meta(args, device, flush_bytes)
+    log(f"mla_decode from {Path(mla_decode.__file__).parent}")
     log(f"device: {meta.get('gpu') or meta.get('cpu')}  torch {torch.__version__}  "
         f"commit {(meta['git']['commit'] or '?')[:12]}{' (dirty)' if meta['git']['dirty'] else ''}")
     info = meta.get("mla_decode_info")

@@ -9,7 +9,7 @@ mkdir -p "$OUT"
 export MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a} MLA_DECODE_CUDA=1 PYTHONUNBUFFERED=1
 steps=${*:-tests bench}
 {
-  echo "== $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo '?') $(git status --porcelain 2>/dev/null | wc -l) dirty files"
+  echo "== $(date -u +%FT%TZ) commit ${GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)} $(git status --porcelain 2>/dev/null | wc -l) dirty files"
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 } | tee "$OUT/env.txt"
