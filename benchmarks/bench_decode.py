@@ -497,24 +497,21 @@ PEER_CLASSES = {"flash_mla": FlashMLAPeer, "flashinfer": FlashInferPeer}
 
 class Progress:
     def __init__(self, total: int, desc: str, enabled: bool = True):
-        self.total, self.desc, self.n = total, desc, 0
-        self.bar = _tqdm(total=total, desc=desc, leave=False, file=sys.stderr) if (_tqdm and enabled) else None
+        self.total, self.desc, self.n, self.enabled = total, desc, 0, enabled
+        use_bar = _tqdm is not None and enabled and sys.stderr.isatty()   # plain lines in logs
+        self.bar = _tqdm(total=total, desc=desc, leave=False, file=sys.stderr) if use_bar else None
 
     def step(self, label: str):
         self.n += 1
         if self.bar is not None:
             self.bar.set_postfix_str(label)
             self.bar.update(1)
-        else:
-            log(f"  [{desc_short(self.desc)} {self.n}/{self.total}] {label}")
+        elif self.enabled:
+            log(f"  [{self.desc.split()[0]} {self.n}/{self.total}] {label}")
 
     def close(self):
         if self.bar is not None:
             self.bar.close()
-
-
-def desc_short(d):
-    return d.split()[0]
 
 
 # --------------------------------------------------------------------------------------
@@ -562,7 +559,7 @@ def print_table(rows, title, timing_key, show_compute):
             floor_tag = "c" if r["floor_compute_us"] >= r["floor_mem_us"] else "m"
         log(f"{label_of(r):<18}{r['batch']:>5}{r['kv_len']:>7}{r['heads']:>5} "
             f"{_f(r['mean_us']):>12}{_f(r['median_us']):>11}{_f(r['min_us']):>10}"
-            f"{_f(r['gbps_kv'], '{:.0f}'):>9}{_f(r['tflops'], '{:.1f}'):>9}"
+            f"{_f(r['gbps_kv'], '{:.1f}'):>9}{_f(r['tflops'], '{:.1f}'):>9}"
             f"{_f(r['floor_us']) + floor_tag:>10}{_f(r['pct_floor'], '{:.1f}'):>8}"
             f"{_f(r['rel_err'], '{:.2e}'):>10}  {r['note']}")
 
@@ -620,23 +617,16 @@ def plot(rows, path: Path, title: str, value_key: str = "mean_us") -> str:
     fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(shapes) + 2), 5))
     width = 0.8 / max(1, len(labels))
     for j, lab in enumerate(labels):
-        xs, ys = [], []
+        xs, ys, floors = [], [], []
         for i, s in enumerate(shapes):
             for r in good:
                 if label_of(r) == lab and (r["batch"], r["kv_len"]) == s:
                     xs.append(i + (j - (len(labels) - 1) / 2) * width)
                     ys.append(r[value_key])
+                    floors.append(r["floor_us"])
         ax.bar(xs, ys, width=width, label=lab)
-    # floors of the mla_decode formats, as short black ticks
-    for fmt in FORMATS:
-        lab_idx = labels.index(fmt) if fmt in labels else None
-        if lab_idx is None:
-            continue
-        for i, s in enumerate(shapes):
-            for r in good:
-                if r["provider"] == "mla_decode" and r["format"] == fmt and (r["batch"], r["kv_len"]) == s:
-                    x = i + (lab_idx - (len(labels) - 1) / 2) * width
-                    ax.hlines(r["floor_us"], x - width / 2, x + width / 2, colors="k", linewidth=1)
+        # each bar's floor (its format's bytes / peak BW, or the compute floor) as a black tick
+        ax.hlines(floors, [x - width / 2 for x in xs], [x + width / 2 for x in xs], colors="k", linewidth=1)
     ax.set_xticks(range(len(shapes)))
     ax.set_xticklabels([f"B{b}\nkv{k // 1024}k" if k >= 1024 else f"B{b}\nkv{k}" for b, k in shapes])
     ax.set_yscale("log")
@@ -823,7 +813,8 @@ def parse_args(argv=None):
                    help="target timed seconds per sweep row (default 0.3; --quick 0.05)")
     p.add_argument("--windows", type=int, default=5, help="timing windows per sweep row (median reported)")
     p.add_argument("--calls-per-graph", type=int, default=16, help="at least this many calls in one graph")
-    p.add_argument("--max-copies", type=int, default=16, help="max rotated input copies in the sweep")
+    p.add_argument("--max-copies", type=int, default=256,
+                   help="max rotated input copies per sweep row (copies = ceil(3 x L2 / set bytes))")
     p.add_argument("--flush-mb", type=int, default=None, help="L2 flush buffer (default max(256, 4 x L2))")
     p.add_argument("--peak-bw", type=float, default=DEFAULT_PEAK_BW, help="B/s for the memory floor")
     p.add_argument("--peak-tflops", type=float, default=DEFAULT_PEAK_FLOPS / 1e12,
@@ -928,7 +919,7 @@ def main(argv=None):
                                         f"competition protocol H=16 ({meta.get('gpu') or 'CPU'})")
     if sweep_rows:
         plots["sweep_h128.png"] = plot(sweep_rows, out_dir / "sweep_h128.png",
-                                       f"H=128 graph replay ({meta.get('gpu') or 'CPU'})", "median_us")
+                                       f"H=128 sweep ({meta.get('gpu') or 'CPU, eager loop'})", "median_us")
     meta["plots"] = plots
     meta["elapsed_s"] = round(time.time() - t_start, 1)
     with open(out_dir / "results.json", "w") as fh:
@@ -951,7 +942,8 @@ def main(argv=None):
             log(f"  {lab:<18} {_f(s['geomean_us']):>9} us   floor {_f(s['geomean_floor_us']):>7} us"
                 f"   {_f(s['pct_floor'], '{:.0f}')}% of floor{inc}")
     if sweep_sum:
-        log("sweep H=128 geomean of medians (graph replay):")
+        methods = sorted({r["method"] for r in sweep_rows if not r["error"]})
+        log(f"sweep H=128 geomean of medians ({', '.join(methods) or '-'}), floor = max(mem, compute):")
         for lab, s in sweep_sum.items():
             inc = "" if s["shapes"] == s["of"] else f"  INCOMPLETE {s['shapes']}/{s['of']} shapes"
             log(f"  {lab:<18} {_f(s['geomean_us']):>9} us   floor {_f(s['geomean_floor_us']):>7} us"

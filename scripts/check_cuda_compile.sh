@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Compiles every CUDA translation unit for sm_90a with nvcc alone (no GPU and
+# no CUDA torch needed: the kernel sources include no ATen), so broken device
+# code cannot land. Prints each TU's register / spill report.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+if [ ! -x "$NVCC" ]; then
+  echo "check_cuda_compile: nvcc not found (set NVCC=/path/to/nvcc); CUDA compile check NOT run"
+  exit "${MLA_DECODE_REQUIRE_NVCC:-0}"
+fi
+ARCH=${ARCH:-"-gencode=arch=compute_90a,code=sm_90a"}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+status=0
+for cu in csrc/cuda/*.cu; do
+  if "$NVCC" -std=c++17 -O3 --expt-relaxed-constexpr --use_fast_math $ARCH -Xptxas=-v,-warn-spills \
+      -c "$cu" -o "$tmp/$(basename "$cu").o" > "$tmp/log" 2>&1; then
+    regs=$(grep -E "Used [0-9]+ registers" "$tmp/log" | sed -E 's/.*Used ([0-9]+) registers.*/\1/' | sort -n | tail -1)
+    spills=$(grep -Eo "[0-9]+ bytes spill stores" "$tmp/log" | sort -n | tail -1)
+    echo "ok   $cu (max registers ${regs:-?}, ${spills:-0 bytes spill stores})"
+  else
+    echo "FAIL $cu"; cat "$tmp/log"; status=1
+  fi
+done
+exit $status
