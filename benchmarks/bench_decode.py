@@ -44,6 +44,7 @@ import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+
 def _import_mla_decode():
     """The installed package; or this checkout's when that import fails or only finds a
     namespace package (a stale editable install)."""
@@ -147,7 +148,7 @@ def gather_meta(args, device: torch.device, flush_bytes: int) -> dict:
 def metrics(fmt: str, batch: int, kv: int, heads: int, q_len: int, t_us: float | None,
             peak_bw: float, peak_flops: float) -> dict:
     tokens = batch * kv
-    kv_bytes = tokens * KV_BYTES_PER_TOKEN[fmt]
+    kv_bytes = tokens * KV_BYTES_PER_TOKEN.get(fmt, 0)
     io_bytes = batch * q_len * heads * (D_QK + D_V) * 2          # q in + out, bf16
     flops = FLOP_PER_TOKEN_HEAD * heads * q_len * tokens
     floor_mem = kv_bytes / peak_bw * 1e6
@@ -576,6 +577,8 @@ def summarize(rows, n_shapes):
     """Per provider:format geomean of the mean times over the shapes, and of the floors."""
     out = {}
     for r in rows:
+        if r["format"] not in FORMATS:      # a "section aborted" marker row
+            continue
         lab = label_of(r)
         d = out.setdefault(lab, {"times": [], "floors": [], "errors": 0})
         if r["error"] or r["mean_us"] is None:
@@ -644,9 +647,27 @@ def plot(rows, path: Path, title: str, value_key: str = "mean_us") -> str:
 # The two benchmark sections
 # --------------------------------------------------------------------------------------
 
-def competition(args, device, flusher, peers):
-    rows = []
-    shapes = CPU_SHAPES if device.type == "cpu" else [(b, k) for b in COMP_BATCHES for k in COMP_KVS]
+def comp_shapes(device):
+    return list(CPU_SHAPES) if device.type == "cpu" else [(b, k) for b in COMP_BATCHES for k in COMP_KVS]
+
+
+def sweep_shapes(device):
+    return list(CPU_SHAPES) if device.type == "cpu" else [(b, k) for b in SWEEP_BATCHES for k in SWEEP_KVS]
+
+
+def _cleanup(device):
+    _ref_cache.clear()
+    if device.type == "cuda":
+        try:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        except Exception as exc:  # noqa: BLE001  a sticky CUDA error: later rows will say so
+            log(f"    cleanup after the shape failed: {type(exc).__name__}: {exc}")
+
+
+def competition(args, device, flusher, peers, rows):
+    """Appends rows (so a crash keeps what was measured)."""
+    shapes = comp_shapes(device)
     n_seeds = args.seeds
     warmup = max(args.warmup, n_seeds)
     prog = Progress(len(shapes), "competition shapes", enabled=not args.no_progress)
@@ -700,19 +721,16 @@ def competition(args, device, flusher, peers):
             rows.append(make_row("competition", peer.name, peer.fmt, b, kv, heads, 1, "protocol(run only)",
                                  times, args, rel_err=rel, note=note, error=err, seeds=n_seeds))
         del sets
-        _ref_cache.clear()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        _cleanup(device)
         done = [r for r in rows[-(len(args.formats) + len(peers)):] if r["mean_us"]]
         prog.step(f"B{b} kv{kv}: " + " ".join(f"{label_of(r)}={r['mean_us']:.1f}us" for r in done))
     prog.close()
-    return rows
 
 
-def sweep(args, device, peers):
-    rows = []
+def sweep(args, device, peers, rows):
+    """Appends rows (so a crash keeps what was measured)."""
     heads = 128
-    shapes = CPU_SHAPES if device.type == "cpu" else [(b, k) for b in SWEEP_BATCHES for k in SWEEP_KVS]
+    shapes = sweep_shapes(device)
     l2 = 0
     if device.type == "cuda":
         l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 50 * 2**20
@@ -774,13 +792,10 @@ def sweep(args, device, peers):
             rows.append(make_row("sweep_h128", peer.name, peer.fmt, b, kv, heads, 1, method, times, args,
                                  rel_err=rel, note=note, error=err, copies=copies, primary="median_us"))
         del data, q, kv_data
-        _ref_cache.clear()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        _cleanup(device)
         done = [r for r in rows[-(len(args.formats) + len(peers)):] if r["median_us"]]
         prog.step(f"B{b} kv{kv}: " + " ".join(f"{label_of(r)}={r['median_us']:.1f}us" for r in done))
     prog.close()
-    return rows
 
 
 # --------------------------------------------------------------------------------------
@@ -893,25 +908,38 @@ def main(argv=None):
         log("")
         log(f"== (a) competition protocol: H=16, q_len=1, {args.iters} iters/shape, {args.seeds} rotated "
             f"input sets, L2 flush {flush_bytes // 2**20} MB before each call ==")
-        comp_rows = competition(args, device, flusher, peers)
+        try:
+            competition(args, device, flusher, peers, comp_rows)
+        except Exception:  # noqa: BLE001
+            log("competition section aborted:\n" + traceback.format_exc())
+            comp_rows.append(make_row("competition", "mla_decode", "-", 0, 0, 16, 1, "-", [], args,
+                                      error="section aborted (traceback above)"))
         print_table(comp_rows, "competition protocol (per-call times over iterations; GB/s, TFLOP/s, %floor "
                     "from the mean; floor = KV bytes / peak BW)", "mean", False)
         write_csv(out_dir / "competition.csv", comp_rows)
     if not args.skip_sweep:
         log("")
-        log("== (b) H=128 sweep: torch.ops.mla_decode.decode, CUDA-graph replay, no L2 flush "
-            "(input copies rotated to ~3x L2) ==")
-        sweep_rows = sweep(args, device, peers)
+        if device.type == "cuda":
+            log("== (b) H=128 sweep: torch.ops.mla_decode.decode, CUDA-graph replay, no L2 flush "
+                "(input copies rotated to ~3x L2) ==")
+        else:
+            log("== (b) H=128 sweep: torch.ops.mla_decode.decode, CPU eager loop (no graphs on the CPU) ==")
+        try:
+            sweep(args, device, peers, sweep_rows)
+        except Exception:  # noqa: BLE001
+            log("sweep section aborted:\n" + traceback.format_exc())
+            sweep_rows.append(make_row("sweep_h128", "mla_decode", "-", 0, 0, 128, 1, "-", [], args,
+                                       error="section aborted (traceback above)"))
         print_table(sweep_rows, "H=128 sweep (mean/median/min over timing windows of per-call time; GB/s, "
                     "TFLOP/s, %floor from the median;\n floor = max(memory, compute), m/c = which one binds)",
                     "mean", True)
         write_csv(out_dir / "sweep_h128.csv", sweep_rows)
 
-    comp_sum = summarize(comp_rows, len({(r["batch"], r["kv_len"]) for r in comp_rows}))
+    comp_sum = summarize(comp_rows, len(comp_shapes(device)))
     sweep_sum = {}
     if sweep_rows:
         tmp = [dict(r, mean_us=r["median_us"]) for r in sweep_rows]
-        sweep_sum = summarize(tmp, len({(r["batch"], r["kv_len"]) for r in sweep_rows}))
+        sweep_sum = summarize(tmp, len(sweep_shapes(device)))
 
     plots = {}
     if comp_rows:

@@ -5,7 +5,9 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
 import mla_decode  # noqa: E402,F401
 from cases import FORMATS, LAYOUTS, check_against_reference, make_case  # noqa: E402
 
