@@ -1,5 +1,10 @@
 // Instantiates the split-KV decode kernel for the bf16 cache format.
-#include "decode_kernel.cuh"
+#include "../mla_decode/portability.h"
+#if MLA_PLATFORM_HIP
+#include "decode_kernel_mfma.cuh"  // AMD CDNA: MFMA, wave64
+#else
+#include "decode_kernel.cuh"  // NVIDIA sm_80+: mma.sync
+#endif
 
 namespace mla_decode {
 namespace cuda {

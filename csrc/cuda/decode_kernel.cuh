@@ -3,19 +3,20 @@
 // Grid:  x = query token t * head_groups + head group (16 heads),   (fastest: the
 //            CTAs that read the same KV rows run side by side and share L2)
 //        y = KV split.
-// Block: 128 threads = 4 warps; one CTA owns 16 query rows (heads h0..h0+15 of
+// Block: 256 threads = 8 warps; one CTA owns 16 query rows (heads h0..h0+15 of
 //        token t) and the KV positions [kv_begin, kv_end) of its split.
 //
 // Per 32-token stage (cp.async ring of kStages stages, raw cache bytes in
 // shared memory, 16 bytes of padding per row against bank conflicts):
-//   1. QK^T, split over the head dim: warp w owns dims [144w, 144w+144) = 9
-//      k-steps of 16 and keeps its Q fragments in registers for the whole
-//      kernel; it produces a partial 16x32 score tile.
-//   2. The 4 partial tiles are summed through shared memory; 8 threads per
-//      row run the online softmax (log2 domain) and write P (bf16) and the
-//      rescale factor alpha.
-//   3. PV, split over the value dim: warp w owns dims [128w, 128w+128) and
-//      accumulates O (16 x 128 fp32 = 64 registers per thread).
+//   1. QK^T: warp w owns head dims [144 dg, 144 dg + 144) (dg = w % 4, 9
+//      k-steps of 16, Q fragments kept in registers for the whole kernel) and
+//      tokens [16 tg, 16 tg + 16) (tg = w / 4); it produces a partial 16x16
+//      score tile.
+//   2. The 4 partial tiles of each token are summed through shared memory;
+//      16 threads per row run the online softmax (log2 domain) and write P
+//      (bf16) and the rescale factor alpha.
+//   3. PV, split over the value dim: warp w owns dims [64w, 64w+64) and
+//      accumulates O (16 x 64 fp32 = 32 registers per thread).
 // fp8 and MXFP4 rows are dequantised in registers right before each mma
 // (never to bf16 in global memory). Because a k-step's dims and a value
 // tile's columns may be permuted freely (consistently for both operands),
@@ -36,28 +37,22 @@
 
 #include "../mla_decode/addressing.h"
 #include "../mla_decode/params.h"
-#include "decode_launch.h"
+#include "decode_common.h"
 #include "ptx_sm80.cuh"
 
 namespace mla_decode {
 namespace cuda {
 
-constexpr int kThreads = 128;
-constexpr int kWarps = 4;
-constexpr int kBlockN = 32;              // tokens per pipeline stage
-constexpr int kKStepsPerWarp = 9;        // 576 / 16 / 4 warps
-constexpr int kVDimsPerWarp = 128;       // 512 / 4 warps
+constexpr int kThreads = 256;
+constexpr int kWarps = 8;
+constexpr int kDimGroups = 4;            // QK: warps split the 576 dims four ways...
+constexpr int kTokGroups = 2;            // ...and the 32 tokens two ways
+constexpr int kKStepsPerWarp = 9;        // 576 / 16 / kDimGroups
+constexpr int kVDimsPerWarp = 64;        // 512 / 8 warps
+constexpr int kVTiles = kVDimsPerWarp / 8;  // n-tiles of the PV accumulator
 constexpr int kRedStride = kBlockN + 4;  // floats per row of a partial score tile
 constexpr int kPStride = kBlockN + 8;    // bf16 per row of the P tile
 constexpr int kScaleStride = 20;         // u16 per token of the MXFP4 scale table (18 used)
-
-struct DecodeLaunch {
-  MlaDecodeParams p;
-  float* partial_out;  // (num_splits, total_q * H, 512) when num_splits > 1
-  float* partial_lse;  // (num_splits, total_q * H)
-  int32_t num_splits;
-  int32_t head_groups;
-};
 
 template <KvFormat F>
 struct FormatTraits;
@@ -94,7 +89,7 @@ struct SmemLayout {
   static constexpr int kFlagOffset = kScaleOffset + kScaleBytes;
   static constexpr int kFlagBytes = kStages * kBlockN * 4;
   static constexpr int kRedOffset = kFlagOffset + kFlagBytes;
-  static constexpr int kRedBytes = kWarps * kTileRows * kRedStride * 4;
+  static constexpr int kRedBytes = kDimGroups * kTileRows * kRedStride * 4;
   static constexpr int kPOffset = kRedOffset + kRedBytes;
   static constexpr int kPBytes = kTileRows * kPStride * 2;
   static constexpr int kStatOffset = kPOffset + kPBytes;
@@ -112,7 +107,7 @@ __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; 
 // to 512 contiguous values at `dst` (bf16 when OutT == __nv_bfloat16, else
 // fp32), multiplied by `scale`, undoing the format's column permutation.
 template <KvFormat F, typename OutT>
-__device__ __forceinline__ void store_row(const float (&o)[16][4], int half, float scale, OutT* dst, int warp,
+__device__ __forceinline__ void store_row(const float (&o)[kVTiles][4], int half, float scale, OutT* dst, int warp,
                                           int c) {
   const int r0 = 2 * half;
   auto put = [&](int dim, float v0, float v1) {
@@ -123,14 +118,14 @@ __device__ __forceinline__ void store_row(const float (&o)[16][4], int half, flo
     }
   };
   if constexpr (F == KvFormat::kBf16) {
-    // n-tile j: dims 128w + 8j + {2c, 2c+1}
+    // n-tile j: dims 64w + 8j + {2c, 2c+1}
 #pragma unroll
-    for (int j = 0; j < 16; ++j) put(kVDimsPerWarp * warp + 8 * j + 2 * c, o[j][r0], o[j][r0 + 1]);
+    for (int j = 0; j < kVTiles; ++j) put(kVDimsPerWarp * warp + 8 * j + 2 * c, o[j][r0], o[j][r0 + 1]);
   } else if constexpr (F == KvFormat::kMxfp4) {
-    // n-tile 8q+i, column n: dim 128w + 64q + 8n + i -> cols 2c, 2c+1 give dims
+    // n-tile 8q+i, column n: dim 64w + 64q + 8n + i -> cols 2c, 2c+1 give dims
     // base + 16c + i and base + 16c + 8 + i.
 #pragma unroll
-    for (int q = 0; q < 2; ++q) {
+    for (int q = 0; q < kVDimsPerWarp / 64; ++q) {
       const int base = kVDimsPerWarp * warp + 64 * q + 16 * c;
 #pragma unroll
       for (int i = 0; i < 8; i += 2) {
@@ -139,10 +134,10 @@ __device__ __forceinline__ void store_row(const float (&o)[16][4], int half, flo
       }
     }
   } else {
-    // fp8: n-tile 4q+i, column n: dim 128w + 32q + 4n + i -> cols 2c, 2c+1 give
+    // fp8: n-tile 4q+i, column n: dim 64w + 32q + 4n + i -> cols 2c, 2c+1 give
     // dims base + 8c + i and base + 8c + 4 + i.
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
+    for (int q = 0; q < kVDimsPerWarp / 32; ++q) {
       const int base = kVDimsPerWarp * warp + 32 * q + 8 * c;
 #pragma unroll
       for (int i = 0; i < 4; i += 2) {
@@ -153,12 +148,22 @@ __device__ __forceinline__ void store_row(const float (&o)[16][4], int half, flo
   }
 }
 
+// Whether the mma operands are fp16 rather than bf16. OCP e4m3 decodes to
+// fp16 in one instruction (to bf16 it takes four), so the fp8 path runs the
+// tensor cores in fp16: K and V are exact in fp16, P in [0, 1] is more precise
+// in fp16 than in bf16, and Q is scaled by a power of two per CTA so that its
+// largest element lands in [2^14, 2^15) (exact for every element within 2^38
+// of the largest; the factor is removed from the scores in fp32).
 template <KvFormat F>
-__device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint32_t two) {
+constexpr bool kMmaF16 = F == KvFormat::kFp8E4M3FN;
+
+// Two fp8 codes (low byte -> low half) to the mma operand type.
+template <KvFormat F>
+__device__ __forceinline__ uint32_t fp8x2_to_operand(uint32_t two) {
   if constexpr (F == KvFormat::kFp8E4M3FNUZ) {
     return e4m3fnuz_x2_to_bf16x2(two);
   } else {
-    return e4m3x2_to_bf16x2(two);
+    return e4m3x2_to_f16x2(two);
   }
 }
 
@@ -168,6 +173,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
   constexpr int kStages = L::kStages;
   constexpr bool kMx = F == KvFormat::kMxfp4;
   constexpr bool kFp8 = F == KvFormat::kFp8E4M3FN || F == KvFormat::kFp8E4M3FNUZ;
+  constexpr bool kF16 = kMmaF16<F>;
 
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* smem_kv = smem + L::kKvOffset;
@@ -185,6 +191,8 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
   const int lane = tid % 32;
   const int g = lane >> 2;
   const int c = lane & 3;
+  const int dg = warp % kDimGroups;  // QK dim group
+  const int tg = warp / kDimGroups;  // QK token group
 
   // ---- which query token, heads and KV range ------------------------------
   const int t = blockIdx.x / args.head_groups;
@@ -226,7 +234,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
     const bool va = !orphan && hA < p.num_heads, vb = !orphan && hB < p.num_heads;
 #pragma unroll
     for (int kk = 0; kk < kKStepsPerWarp; ++kk) {
-      const int d = 16 * (kKStepsPerWarp * warp + kk) + 4 * c;
+      const int d = 16 * (kKStepsPerWarp * dg + kk) + 4 * c;
       const uint2 x = va ? *reinterpret_cast<const uint2*>(qa + d) : make_uint2(0, 0);
       const uint2 y = vb ? *reinterpret_cast<const uint2*>(qb + d) : make_uint2(0, 0);
       if constexpr (kMx) {
@@ -243,6 +251,42 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
       }
     }
   }
+  if constexpr (kF16) {
+    // CTA-wide max |q| (bf16 bits compare as integers; inf/NaN excluded so a
+    // NaN head poisons only its own rows), then q * 2^e in fp16.
+    uint32_t amax = 0;
+#pragma unroll
+    for (int kk = 0; kk < kKStepsPerWarp; ++kk) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const uint32_t lo = qf[kk][r] & 0x7FFFu, hi = (qf[kk][r] >> 16) & 0x7FFFu;
+        if (lo < 0x7F80u) amax = max(amax, lo);
+        if (hi < 0x7F80u) amax = max(amax, hi);
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    uint32_t* red = reinterpret_cast<uint32_t*>(smem_alpha);
+    if (lane == 0) red[warp] = amax;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) amax = max(amax, red[w]);
+    __syncthreads();  // red (smem_alpha) is reused by the softmax
+    const int amax_exp = static_cast<int>(amax >> 7);           // biased exponent of max |q|
+    const int e = amax == 0 ? 0 : min(max(141 - amax_exp, -120), 120);  // max |q| * 2^e in [2^14, 2^15)
+    const float factor = __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
+    scale_log2 *= __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
+#pragma unroll
+    for (int kk = 0; kk < kKStepsPerWarp; ++kk) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float lo = __uint_as_float(qf[kk][r] << 16) * factor;
+        const float hi = __uint_as_float(qf[kk][r] & 0xFFFF0000u) * factor;
+        const __half2 h = __floats2half2_rn(lo, hi);
+        qf[kk][r] = *reinterpret_cast<const uint32_t*>(&h);
+      }
+    }
+  }
 
   // ---- stage loader --------------------------------------------------------
   const uint8_t* kv_base = static_cast<const uint8_t*>(p.kv);
@@ -254,14 +298,17 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
     const int64_t r = kv_row(p, b, j);
     return r < 0 ? -1 : static_cast<int>(r);
   };
-  uint32_t mx_raw[5];  // MXFP4: staged E8M0 bytes of the tile being prefetched
+  // MXFP4: thread tid stages the E8M0 bytes of token tid / 8, blocks
+  // tid % 8 + 8m, for the tile being prefetched.
+  constexpr int kScalesPerThread = 3;
+  uint32_t mx_raw[kScalesPerThread];
   auto load_scales = [&](int my_row) {
     if constexpr (kMx) {
-      const int n = tid >> 2;
+      const int n = tid >> 3;
       const int r = __shfl_sync(0xffffffffu, my_row, n);
 #pragma unroll
-      for (int m = 0; m < 5; ++m) {
-        const int blk = (tid & 3) + 4 * m;
+      for (int m = 0; m < kScalesPerThread; ++m) {
+        const int blk = (tid & 7) + 8 * m;
         mx_raw[m] = (r >= 0 && blk < kMxBlocksPerRow)
                         ? __ldg(p.mx_scale + static_cast<int64_t>(r) * p.mx_scale_stride_row +
                                 static_cast<int64_t>(blk) * p.mx_scale_stride_col)
@@ -271,11 +318,11 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
   };
   auto store_scales = [&](int slot) {
     if constexpr (kMx) {
-      const int n = tid >> 2;
+      const int n = tid >> 3;
       uint16_t* dst = smem_scale + (slot * kBlockN + n) * kScaleStride;
 #pragma unroll
-      for (int m = 0; m < 5; ++m) {
-        const int blk = (tid & 3) + 4 * m;
+      for (int m = 0; m < kScalesPerThread; ++m) {
+        const int blk = (tid & 7) + 8 * m;
         if (blk < kMxBlocksPerRow) dst[blk] = static_cast<uint16_t>(e8m0_to_half_scale_bf16(mx_raw[m]));
       }
     }
@@ -306,14 +353,14 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
     cp_async_commit();
   }
 
-  float o[16][4];
+  float o[kVTiles][4];
 #pragma unroll
-  for (int j = 0; j < 16; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-  // Online-softmax state of row (tid / 8), kept identically by its 8 threads.
+  for (int j = 0; j < kVTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  // Online-softmax state of row (tid / 16), kept identically by its 16 threads.
   float m_run = -CUDART_INF_F;
   float l_run = 0.f;
-  const int sm_row = tid >> 3;
-  const int sm_col = (tid & 7) * 4;
+  const int sm_row = tid >> 4;
+  const int sm_col = (tid & 15) * 2;
 
   for (int it = 0; it < n_tiles; ++it) {
     const int slot = it % kStages;
@@ -326,16 +373,17 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
     const uint8_t* stage = smem_kv + slot * L::kStageBytes;
     const uint16_t* scl = smem_scale + slot * kBlockN * kScaleStride;
 
-    // ---- 1. partial S = Q K^T over this warp's 144 dims ---------------------
-    float s_acc[4][4];
+    // ---- 1. partial S = Q K^T over this warp's 144 dims and 16 tokens -------
+    float s_acc[2][4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      s_acc[j][0] = s_acc[j][1] = s_acc[j][2] = s_acc[j][3] = 0.f;
+    for (int jj = 0; jj < 2; ++jj) {
+      const int j = 2 * tg + jj;
+      s_acc[jj][0] = s_acc[jj][1] = s_acc[jj][2] = s_acc[jj][3] = 0.f;
       const int n = 8 * j + g;
       const uint8_t* row = stage + n * L::kRowSmem;
 #pragma unroll
       for (int kk = 0; kk < kKStepsPerWarp; ++kk) {
-        const int d = 16 * (kKStepsPerWarp * warp + kk) + 4 * c;
+        const int d = 16 * (kKStepsPerWarp * dg + kk) + 4 * c;
         uint32_t b0, b1;
         if constexpr (F == KvFormat::kBf16) {
           const uint2 v = *reinterpret_cast<const uint2*>(row + 2 * d);
@@ -343,8 +391,8 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
           b1 = v.y;
         } else if constexpr (kFp8) {
           const uint32_t v = *reinterpret_cast<const uint32_t*>(row + d);
-          b0 = fp8x2_to_bf16x2<F>(v);
-          b1 = fp8x2_to_bf16x2<F>(v >> 16);
+          b0 = fp8x2_to_operand<F>(v);
+          b1 = fp8x2_to_operand<F>(v >> 16);
         } else {
           const uint32_t u = *reinterpret_cast<const uint16_t*>(row + d / 2);
           const uint32_t s1 = scl[n * kScaleStride + d / kMxBlock];
@@ -355,36 +403,34 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
           b0 = e2m1_pair<0>(w, lut_lo, lut_hi, s2);  // dims (4c, 4c+2)
           b1 = e2m1_pair<1>(w, lut_lo, lut_hi, s2);  // dims (4c+1, 4c+3)
         }
-        mma_bf16_m16n8k16(s_acc[j], qf[kk], b0, b1);
+        mma_m16n8k16<kF16>(s_acc[jj], qf[kk], b0, b1);
       }
     }
     {
-      float* red = smem_red + warp * kTileRows * kRedStride;
+      float* red = smem_red + dg * kTileRows * kRedStride;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        *reinterpret_cast<float2*>(red + g * kRedStride + 8 * j + 2 * c) = make_float2(s_acc[j][0], s_acc[j][1]);
-        *reinterpret_cast<float2*>(red + (g + 8) * kRedStride + 8 * j + 2 * c) =
-            make_float2(s_acc[j][2], s_acc[j][3]);
+      for (int jj = 0; jj < 2; ++jj) {
+        const int col = 8 * (2 * tg + jj) + 2 * c;
+        *reinterpret_cast<float2*>(red + g * kRedStride + col) = make_float2(s_acc[jj][0], s_acc[jj][1]);
+        *reinterpret_cast<float2*>(red + (g + 8) * kRedStride + col) = make_float2(s_acc[jj][2], s_acc[jj][3]);
       }
     }
     if (next < n_tiles) store_scales(next % kStages);
     __syncthreads();  // (B) partial scores visible
 
-    // ---- 2. online softmax: 8 threads per row, 4 tokens each ---------------
+    // ---- 2. online softmax: 16 threads per row, 2 tokens each --------------
     {
-      float sv[4] = {0.f, 0.f, 0.f, 0.f};
+      float sv[2] = {0.f, 0.f};
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float4 x = *reinterpret_cast<const float4*>(smem_red + (w * kTileRows + sm_row) * kRedStride + sm_col);
+      for (int w = 0; w < kDimGroups; ++w) {
+        const float2 x = *reinterpret_cast<const float2*>(smem_red + (w * kTileRows + sm_row) * kRedStride + sm_col);
         sv[0] += x.x;
         sv[1] += x.y;
-        sv[2] += x.z;
-        sv[3] += x.w;
       }
       const int pos0 = kv_begin + it * kBlockN + sm_col;
       float tile_max = -CUDART_INF_F;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
+      for (int e = 0; e < 2; ++e) {
         sv[e] *= scale_log2;
         if (pos0 + e >= kv_end) sv[e] = -CUDART_INF_F;
         else if (smem_flag[slot * kBlockN + sm_col + e]) sv[e] = CUDART_NAN_F;
@@ -393,33 +439,37 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 4));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 8));
       const float m_new = fmaxf(m_run, tile_max);
       const bool none = m_new == -CUDART_INF_F;
       const float alpha = none ? 1.f : exp2f(m_run - m_new);
-      float pv[4];
+      float pv[2];
       float psum = 0.f;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
+      for (int e = 0; e < 2; ++e) {
         pv[e] = none ? 0.f : exp2f(sv[e] - m_new);
         psum += pv[e];
       }
       psum += __shfl_xor_sync(0xffffffffu, psum, 1);
       psum += __shfl_xor_sync(0xffffffffu, psum, 2);
       psum += __shfl_xor_sync(0xffffffffu, psum, 4);
+      psum += __shfl_xor_sync(0xffffffffu, psum, 8);
       l_run = l_run * alpha + psum;
       m_run = m_new;
-      __nv_bfloat162* prow = reinterpret_cast<__nv_bfloat162*>(smem_p + sm_row * kPStride + sm_col);
-      prow[0] = __floats2bfloat162_rn(pv[0], pv[1]);
-      prow[1] = __floats2bfloat162_rn(pv[2], pv[3]);
-      if ((tid & 7) == 0) smem_alpha[sm_row] = alpha;
+      if constexpr (kF16) {
+        *reinterpret_cast<__half2*>(smem_p + sm_row * kPStride + sm_col) = __floats2half2_rn(pv[0], pv[1]);
+      } else {
+        *reinterpret_cast<__nv_bfloat162*>(smem_p + sm_row * kPStride + sm_col) = __floats2bfloat162_rn(pv[0], pv[1]);
+      }
+      if ((tid & 15) == 0) smem_alpha[sm_row] = alpha;
     }
     __syncthreads();  // (C) P and alpha visible
 
-    // ---- 3. O = alpha * O + P V over this warp's 128 value dims ------------
+    // ---- 3. O = alpha * O + P V over this warp's 64 value dims -------------
     {
       const float alpha_a = smem_alpha[g], alpha_b = smem_alpha[g + 8];
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
+      for (int j = 0; j < kVTiles; ++j) {
         o[j][0] *= alpha_a;
         o[j][1] *= alpha_a;
         o[j][2] *= alpha_b;
@@ -437,12 +487,12 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
           const int mi = lane >> 3, ri = lane & 7;
           const int tok = tb + ri + (mi & 1) * 8;
 #pragma unroll
-          for (int q = 0; q < 8; ++q) {
+          for (int q = 0; q < kVDimsPerWarp / 16; ++q) {
             const int dim = kVDimsPerWarp * warp + 16 * q + (mi >> 1) * 8;
             uint32_t r[4];
             ldmatrix_x4_trans(r, smem_u32(stage + tok * L::kRowSmem + 2 * dim));
-            mma_bf16_m16n8k16(o[2 * q], a, r[0], r[1]);
-            mma_bf16_m16n8k16(o[2 * q + 1], a, r[2], r[3]);
+            mma_m16n8k16<kF16>(o[2 * q], a, r[0], r[1]);
+            mma_m16n8k16<kF16>(o[2 * q + 1], a, r[2], r[3]);
           }
         } else if constexpr (kFp8) {
           const uint8_t* rA = stage + (tb + 2 * c) * L::kRowSmem;
@@ -450,7 +500,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
           const uint8_t* rC = rA + 8 * L::kRowSmem;
           const uint8_t* rD = rC + L::kRowSmem;
 #pragma unroll
-          for (int q = 0; q < 4; ++q) {
+          for (int q = 0; q < kVDimsPerWarp / 32; ++q) {
             const int d = kVDimsPerWarp * warp + 32 * q + 4 * g;
             const uint32_t wa = *reinterpret_cast<const uint32_t*>(rA + d);
             const uint32_t wb = *reinterpret_cast<const uint32_t*>(rB + d);
@@ -458,10 +508,10 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
             const uint32_t wd = *reinterpret_cast<const uint32_t*>(rD + d);
             const uint32_t x01 = prmt(wa, wb, 0x5140), x23 = prmt(wa, wb, 0x7362);
             const uint32_t y01 = prmt(wc, wd, 0x5140), y23 = prmt(wc, wd, 0x7362);
-            mma_bf16_m16n8k16(o[4 * q + 0], a, fp8x2_to_bf16x2<F>(x01), fp8x2_to_bf16x2<F>(y01));
-            mma_bf16_m16n8k16(o[4 * q + 1], a, fp8x2_to_bf16x2<F>(x01 >> 16), fp8x2_to_bf16x2<F>(y01 >> 16));
-            mma_bf16_m16n8k16(o[4 * q + 2], a, fp8x2_to_bf16x2<F>(x23), fp8x2_to_bf16x2<F>(y23));
-            mma_bf16_m16n8k16(o[4 * q + 3], a, fp8x2_to_bf16x2<F>(x23 >> 16), fp8x2_to_bf16x2<F>(y23 >> 16));
+            mma_m16n8k16<kF16>(o[4 * q + 0], a, fp8x2_to_operand<F>(x01), fp8x2_to_operand<F>(y01));
+            mma_m16n8k16<kF16>(o[4 * q + 1], a, fp8x2_to_operand<F>(x01 >> 16), fp8x2_to_operand<F>(y01 >> 16));
+            mma_m16n8k16<kF16>(o[4 * q + 2], a, fp8x2_to_operand<F>(x23), fp8x2_to_operand<F>(y23));
+            mma_m16n8k16<kF16>(o[4 * q + 3], a, fp8x2_to_operand<F>(x23 >> 16), fp8x2_to_operand<F>(y23 >> 16));
           }
         } else {
           const int tA = tb + 2 * c;
@@ -470,7 +520,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
           const uint8_t* rC = rA + 8 * L::kRowSmem;
           const uint8_t* rD = rC + L::kRowSmem;
 #pragma unroll
-          for (int q = 0; q < 2; ++q) {
+          for (int q = 0; q < kVDimsPerWarp / 64; ++q) {
             const int d = kVDimsPerWarp * warp + 64 * q + 8 * g;  // 8 codes = 4 bytes per row
             const int blk = d / kMxBlock;
             const uint32_t wa = *reinterpret_cast<const uint32_t*>(rA + d / 2);
@@ -490,14 +540,14 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
             e2m1_lookup8(w2, w2lo, w2hi);
             e2m1_lookup8(v1, v1lo, v1hi);
             e2m1_lookup8(v2, v2lo, v2hi);
-            mma_bf16_m16n8k16(o[8 * q + 0], a, e2m1_pair<0>(w1, w1lo, w1hi, sab), e2m1_pair<0>(v1, v1lo, v1hi, scd));
-            mma_bf16_m16n8k16(o[8 * q + 1], a, e2m1_pair<1>(w1, w1lo, w1hi, sab), e2m1_pair<1>(v1, v1lo, v1hi, scd));
-            mma_bf16_m16n8k16(o[8 * q + 4], a, e2m1_pair<2>(w1, w1lo, w1hi, sab), e2m1_pair<2>(v1, v1lo, v1hi, scd));
-            mma_bf16_m16n8k16(o[8 * q + 5], a, e2m1_pair<3>(w1, w1lo, w1hi, sab), e2m1_pair<3>(v1, v1lo, v1hi, scd));
-            mma_bf16_m16n8k16(o[8 * q + 2], a, e2m1_pair<0>(w2, w2lo, w2hi, sab), e2m1_pair<0>(v2, v2lo, v2hi, scd));
-            mma_bf16_m16n8k16(o[8 * q + 3], a, e2m1_pair<1>(w2, w2lo, w2hi, sab), e2m1_pair<1>(v2, v2lo, v2hi, scd));
-            mma_bf16_m16n8k16(o[8 * q + 6], a, e2m1_pair<2>(w2, w2lo, w2hi, sab), e2m1_pair<2>(v2, v2lo, v2hi, scd));
-            mma_bf16_m16n8k16(o[8 * q + 7], a, e2m1_pair<3>(w2, w2lo, w2hi, sab), e2m1_pair<3>(v2, v2lo, v2hi, scd));
+            mma_m16n8k16<kF16>(o[8 * q + 0], a, e2m1_pair<0>(w1, w1lo, w1hi, sab), e2m1_pair<0>(v1, v1lo, v1hi, scd));
+            mma_m16n8k16<kF16>(o[8 * q + 1], a, e2m1_pair<1>(w1, w1lo, w1hi, sab), e2m1_pair<1>(v1, v1lo, v1hi, scd));
+            mma_m16n8k16<kF16>(o[8 * q + 4], a, e2m1_pair<2>(w1, w1lo, w1hi, sab), e2m1_pair<2>(v1, v1lo, v1hi, scd));
+            mma_m16n8k16<kF16>(o[8 * q + 5], a, e2m1_pair<3>(w1, w1lo, w1hi, sab), e2m1_pair<3>(v1, v1lo, v1hi, scd));
+            mma_m16n8k16<kF16>(o[8 * q + 2], a, e2m1_pair<0>(w2, w2lo, w2hi, sab), e2m1_pair<0>(v2, v2lo, v2hi, scd));
+            mma_m16n8k16<kF16>(o[8 * q + 3], a, e2m1_pair<1>(w2, w2lo, w2hi, sab), e2m1_pair<1>(v2, v2lo, v2hi, scd));
+            mma_m16n8k16<kF16>(o[8 * q + 6], a, e2m1_pair<2>(w2, w2lo, w2hi, sab), e2m1_pair<2>(v2, v2lo, v2hi, scd));
+            mma_m16n8k16<kF16>(o[8 * q + 7], a, e2m1_pair<3>(w2, w2lo, w2hi, sab), e2m1_pair<3>(v2, v2lo, v2hi, scd));
           }
         }
       }
@@ -506,7 +556,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
   cp_async_wait<0>();
 
   // ---- epilogue --------------------------------------------------------------
-  if ((tid & 7) == 0) {
+  if ((tid & 15) == 0) {
     smem_m[sm_row] = m_run;
     smem_l[sm_row] = l_run;
   }

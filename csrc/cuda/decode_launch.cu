@@ -1,9 +1,9 @@
-// Split planning, the split-combine kernel, and the format dispatch.
-#include <math_constants.h>
-
+// Split planning, the split-combine kernel, and the format dispatch. Shared
+// by CUDA and HIP (hipified): vendor differences go through portability.h.
 #include <algorithm>
 
-#include "decode_kernel.cuh"
+#include "../mla_decode/portability.h"
+#include "decode_common.h"
 #include "decode_launch.h"
 
 namespace mla_decode {
@@ -18,71 +18,91 @@ extern template cudaError_t launch_split_kernel<KvFormat::kMxfp4>(const DecodeLa
 
 namespace {
 
-constexpr int kCombineRowsPerBlock = 4;  // one warp per (token, head) row
+// The combine kernel works in groups of 32 lanes ("warps" below) on both
+// vendors: on wave64 a wavefront holds two groups, and every shuffle stays in
+// its group (xor offsets < 32; mla_shfl with width 32).
+constexpr int kMaxSplits = 256;          // kMaxNumSplits of csrc/ops/validation.h
 
-// Merges the split partials of one (token, head) row per warp:
+// Merges the split partials of one (token, head) row per block:
 //   out = sum_s exp(lse_s - M) * O_s / sum_s exp(lse_s - M),  lse = M + log(sum).
-// Partials are normalised (O_s = sum p v / sum p); empty splits have lse -inf.
-// Grid: ceil(total_q * H / 4) blocks of 128 threads; lane k handles dims
-// 4k + 128 i (i = 0..3) as float4.
+// Partials are normalised (O_s = sum p v / sum p); empty splits have lse -inf
+// and O_s = 0. Grid: total_q * H blocks of 128 threads; 32-lane group w owns
+// dims [128w, 128w + 128), lane k the float4 at 128w + 4k.
+//
+// Latency, not bandwidth, bounds this kernel (the partials were just written
+// and sit in L2), so it spreads over many SMs, every group computes all split
+// weights at once (lane s holds split s, s + 32, ...), and partial rows are
+// read kCombineUnroll splits at a time with all loads in flight together.
+constexpr int kCombineMaxSplitsPerLane = (kMaxSplits + 31) / 32;
+constexpr int kCombineUnroll = 8;
+
 __global__ void __launch_bounds__(128) combine_kernel(const MlaDecodeParams p, const float* __restrict__ partial_out,
                                                       const float* __restrict__ partial_lse, int num_splits) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kCombineRowsPerBlock + warp;
-  if (row >= rows) return;
+  const int64_t row = blockIdx.x;
 
-  float mx = -CUDART_INF_F;
+  float lse_l[kCombineMaxSplitsPerLane];
+  float mx = -MLA_INF;
   bool has_nan = false;
-  for (int s = lane; s < num_splits; s += 32) {
-    const float v = partial_lse[s * rows + row];
-    has_nan |= isnan(v);
-    mx = fmaxf(mx, v);
+#pragma unroll
+  for (int k = 0; k < kCombineMaxSplitsPerLane; ++k) {
+    const int s = lane + 32 * k;
+    lse_l[k] = s < num_splits ? partial_lse[s * rows + row] : -MLA_INF;
+    has_nan |= isnan(lse_l[k]);
+    mx = fmaxf(mx, lse_l[k]);
   }
   for (int off = 16; off > 0; off >>= 1) {
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    has_nan |= __shfl_xor_sync(0xffffffffu, static_cast<int>(has_nan), off) != 0;
+    mx = fmaxf(mx, mla_shfl_xor(mx, off));
+    has_nan |= mla_shfl_xor(static_cast<int>(has_nan), off) != 0;
   }
-  float4 acc[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  float w_l[kCombineMaxSplitsPerLane];
   float wsum = 0.f;
-  if (mx != -CUDART_INF_F) {
-    for (int s = 0; s < num_splits; ++s) {
-      const float l = partial_lse[s * rows + row];
-      if (l == -CUDART_INF_F) continue;
-      const float w = __expf(l - mx);
-      wsum += w;
-      const float4* src = reinterpret_cast<const float4*>(partial_out + (s * rows + row) * kHeadDimV);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float4 x = src[lane + 32 * i];
-        acc[i].x += w * x.x;
-        acc[i].y += w * x.y;
-        acc[i].z += w * x.z;
-        acc[i].w += w * x.w;
+  for (int k = 0; k < kCombineMaxSplitsPerLane; ++k) {
+    w_l[k] = (lse_l[k] == -MLA_INF || mx == -MLA_INF) ? 0.f : __expf(lse_l[k] - mx);
+    wsum += w_l[k];
+  }
+  for (int off = 16; off > 0; off >>= 1) wsum += mla_shfl_xor(wsum, off);
+
+  const int dim = 128 * warp + 4 * lane;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int k = 0; k < kCombineMaxSplitsPerLane; ++k) {
+    if (32 * k >= num_splits) break;
+    for (int s0 = 0; s0 < 32 && 32 * k + s0 < num_splits; s0 += kCombineUnroll) {
+      float4 x[kCombineUnroll];
+      float w[kCombineUnroll];
+#pragma unroll
+      for (int u = 0; u < kCombineUnroll; ++u) {
+        const int s = 32 * k + s0 + u;
+        w[u] = mla_shfl(w_l[k], (s0 + u) & 31, 32);
+        x[u] = *reinterpret_cast<const float4*>(partial_out + (min(s, num_splits - 1) * rows + row) * kHeadDimV + dim);
+        if (s >= num_splits) w[u] = 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < kCombineUnroll; ++u) {
+        acc.x += w[u] * x[u].x;
+        acc.y += w[u] * x[u].y;
+        acc.z += w[u] * x[u].z;
+        acc.w += w[u] * x[u].w;
       }
     }
   }
   const int t = static_cast<int>(row / p.num_heads), h = static_cast<int>(row % p.num_heads);
   const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-  const float nan_or_zero = has_nan ? CUDART_NAN_F : 0.f;
-  __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(p.out) + static_cast<int64_t>(t) * p.out_stride_token +
-                       static_cast<int64_t>(h) * p.out_stride_head;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int d = 4 * (lane + 32 * i);
-    const float4 x = acc[i];
-    __nv_bfloat162 lo = __floats2bfloat162_rn(x.x * inv + nan_or_zero, x.y * inv + nan_or_zero);
-    __nv_bfloat162 hi = __floats2bfloat162_rn(x.z * inv + nan_or_zero, x.w * inv + nan_or_zero);
+  const float nan_or_zero = has_nan ? MLA_NAN : 0.f;
+  uint16_t* dst = static_cast<uint16_t*>(p.out) + static_cast<int64_t>(t) * p.out_stride_token +
+                  static_cast<int64_t>(h) * p.out_stride_head;  // bf16 bits
+  {
     uint2 packed;
-    packed.x = bf16x2_bits(lo);
-    packed.y = bf16x2_bits(hi);
-    *reinterpret_cast<uint2*>(dst + d) = packed;
+    packed.x = mla_pack_bf16x2(acc.x * inv + nan_or_zero, acc.y * inv + nan_or_zero);
+    packed.y = mla_pack_bf16x2(acc.z * inv + nan_or_zero, acc.w * inv + nan_or_zero);
+    *reinterpret_cast<uint2*>(dst + dim) = packed;
   }
-  if (lane == 0) {
-    float lse = wsum > 0.f ? mx + __logf(wsum) : -CUDART_INF_F;
-    if (has_nan) lse = CUDART_NAN_F;
+  if (warp == 0 && lane == 0) {
+    float lse = wsum > 0.f ? mx + __logf(wsum) : -MLA_INF;
+    if (has_nan) lse = MLA_NAN;
     p.lse[static_cast<int64_t>(t) * p.lse_stride_token + static_cast<int64_t>(h) * p.lse_stride_head] = lse;
   }
 }
@@ -103,9 +123,9 @@ SplitPlan plan_splits(const MlaDecodeParams& p, int num_sms, int requested_split
   if (p.layout == KvLayout::kPaged) {
     est_len = static_cast<int64_t>(p.max_pages_per_seq) * p.page_size;
   } else if (p.layout == KvLayout::kIndptrIndices) {
-    est_len = p.num_kv_indices / std::max(p.batch, 1);
+    est_len = p.num_kv_indices / std::max<int32_t>(p.batch, 1);
   } else {
-    est_len = p.num_cache_rows / std::max(p.batch, 1);
+    est_len = p.num_cache_rows / std::max<int32_t>(p.batch, 1);
   }
   const int64_t slots = static_cast<int64_t>(num_sms) * 2;  // two CTAs per SM fit in shared memory
   int64_t splits = (slots + tiles / 2) / tiles;              // round to the nearest whole wave
@@ -142,8 +162,7 @@ cudaError_t launch_decode(const MlaDecodeParams& p, const SplitPlan& plan, void*
     default: return cudaErrorInvalidValue;
   }
   if (err != cudaSuccess || plan.num_splits == 1) return err;
-  const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
-  const unsigned blocks = static_cast<unsigned>((rows + kCombineRowsPerBlock - 1) / kCombineRowsPerBlock);
+  const unsigned blocks = static_cast<unsigned>(static_cast<int64_t>(p.total_q) * p.num_heads);
   combine_kernel<<<blocks, 128, 0, stream>>>(p, args.partial_out, args.partial_lse, plan.num_splits);
   return cudaGetLastError();
 }

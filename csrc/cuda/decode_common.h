@@ -1,0 +1,38 @@
+// The launch contract shared by the split-KV kernels of both vendors and the
+// launcher:
+//   * decode_kernel.cuh       NVIDIA sm_80+ (mma.sync), included when CUDA
+//   * decode_kernel_mfma.cuh  AMD CDNA3/CDNA4 (MFMA, wave64), included when HIP
+//   * decode_launch.cu        split planning, combine kernel, format dispatch
+// Each kernel header defines
+//   template <KvFormat F> cudaError_t launch_split_kernel(const DecodeLaunch&, cudaStream_t);
+// (hipify turns cudaError_t / cudaStream_t into hipError_t / hipStream_t) with
+// the same semantics: grid x = query token * head_groups + head group of
+// kTileRows heads, grid y = KV split; split s covers the visible keys
+// [s * chunk, min((s + 1) * chunk, visible)) with
+// chunk = ceil(ceil(visible / num_splits) / kBlockN) * kBlockN; with one split
+// the kernel writes bf16 out and natural-log lse, otherwise it writes, for
+// row = token * H + head,
+//   partial_out[(split * total_q * H + row) * 512 + d]  fp32, normalised O
+//   partial_lse[split * total_q * H + row]              fp32, natural-log LSE
+// (-inf for an empty split, NaN for a bad cache index), merged by the combine
+// kernel of decode_launch.cu.
+#pragma once
+
+#include "../mla_decode/params.h"
+#include "decode_launch.h"
+
+namespace mla_decode {
+namespace cuda {
+
+constexpr int kBlockN = 32;  // tokens per pipeline stage; splits are whole multiples of it
+
+struct DecodeLaunch {
+  MlaDecodeParams p;
+  float* partial_out;  // (num_splits, total_q * H, 512) when num_splits > 1
+  float* partial_lse;  // (num_splits, total_q * H)
+  int32_t num_splits;
+  int32_t head_groups;
+};
+
+}  // namespace cuda
+}  // namespace mla_decode

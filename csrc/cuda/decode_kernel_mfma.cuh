@@ -1,0 +1,493 @@
+// Split-KV MLA decode kernel for AMD CDNA (gfx90a, gfx942 = MI300, gfx950 =
+// MI355X): bf16 MFMA, wave64. Same contract as decode_kernel.cuh (see
+// decode_common.h); decode_<format>.cu include this file instead of that one
+// when MLA_PLATFORM_HIP.
+//
+// Grid:  x = query token t * head_groups + head group (16 heads), y = KV split.
+// Block: 256 threads = 4 waves of 64; one workgroup owns 16 query rows (heads
+//        h0..h0+15 of token t) and the KV positions [kv_begin, kv_end) of its
+//        split (computed on the device exactly as on CUDA).
+//
+// Per 32-token stage (one LDS buffer, register prefetch: AMD has no cp.async):
+//   0. The raw cache bytes of stage it+1 are loaded into registers with plain
+//      16-byte global loads while stage it is computed. At the top of the next
+//      iteration each thread dequantises its own chunks in registers (fp8 /
+//      MXFP4 -> bf16, exactly: every fp8 and every scaled E2M1 value is a bf16
+//      value) and writes them to the LDS tile, so every element is converted
+//      once and the MFMA loops below are the same for all formats. fp8 codes
+//      stay unscaled (the per-tensor scale multiplies S and O, as on CUDA);
+//      MXFP4 block scales are folded into the values.
+//   1. S^T = K Q^T, split over the head dim: wave w owns dims [144w, 144w+144)
+//      = 9 k-steps of 16 and keeps its Q fragments in registers for the whole
+//      kernel; 2 x 9 MFMAs give a partial 32x16 (token x head) score tile.
+//   2. The 4 partial tiles are summed through LDS; 16 threads per row run the
+//      online softmax (log2 domain) and write P (bf16) and the rescale alpha.
+//   3. O^T = V^T P^T, split over the value dim: wave w owns dims
+//      [128w, 128w+128) = 8 m-tiles of 16 (2 x 8 MFMAs per stage, O in 32
+//      fp32 registers per lane).
+//
+// MFMA used: v_mfma_f32_16x16x16bf16_1k through
+//   __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(short4 a, short4 b, float4 c, cbsz, abid, blgp)
+// (gfx90a, gfx942, gfx950): D(16x16, fp32) = A(16x16) * B(16x16) + C, one wave
+// of 64 lanes. With cbsz = abid = blgp = 0, lane l (g = l / 16):
+//   A: row l % 16, k = 4g .. 4g+3      (4 bf16 = 2 VGPRs, k ascending)
+//   B: col l % 16, k = 4g .. 4g+3      (4 bf16 = 2 VGPRs)
+//   C/D: col l % 16, rows 4g .. 4g+3   (4 fp32, row ascending)
+// (AMD Matrix Instruction Calculator, instruction V_MFMA_F32_16X16X16BF16_1K
+// on CDNA2/CDNA3; the LLVM AMDGPU builtin has the same operand order.)
+// The k index (head dim for S, token for O) and the m index of the PV tiles
+// (value dim) may be permuted freely as long as both operands agree; the
+// kernel uses that to read V with row-contiguous LDS loads (step 3) and
+// undoes the dim permutation in the output store.
+//
+// LDS (48 KB, under the 64 KB a workgroup may use on CDNA3/CDNA4):
+//   kv    32 rows x (576 + 4) bf16   the dequantised stage; the 8-byte pad
+//                                    makes the 16 rows read by one MFMA
+//                                    operand fall on 16 distinct bank pairs
+//   red   4 x 16 x 36 fp32           partial score tiles, one per wave
+//   p     16 x 36 bf16               probabilities (18 dwords per row:
+//                                    conflict-free 8-byte operand reads)
+//   flag, alpha, m, l
+//
+// Why no fp8 MFMA (v_mfma_f32_16x16x32_fp8_fp8 on gfx942/gfx950): both
+// operands of an fp8 MFMA must be fp8, so Q (for QK^T) and P (for PV) would
+// have to be quantised to fp8 on the fly, adding an error the CUDA kernel does
+// not have (and, for Q, scaling decisions per head). Decode at these sizes is
+// memory-bound (see docs/amd.md), so the bf16 MFMA costs nothing measurable;
+// only the cache bytes matter, and those are read as fp8 / MXFP4.
+#pragma once
+
+#include <stdint.h>
+
+#include "../mla_decode/addressing.h"
+#include "../mla_decode/formats.h"
+#include "../mla_decode/params.h"
+#include "../mla_decode/portability.h"
+#include "decode_common.h"
+
+#if defined(__HIP_DEVICE_COMPILE__) && !defined(MLA_HAS_MFMA)
+#error "mla_decode: the HIP kernels need bf16 MFMA and wave64 (CDNA2/3/4: gfx90a, gfx942, gfx950); set PYTORCH_ROCM_ARCH to those."
+#endif
+
+namespace mla_decode {
+namespace cuda {
+namespace mfma {
+
+constexpr int kThreads = 256;
+constexpr int kWaves = 4;
+constexpr int kWaveSize = 64;
+constexpr int kKSteps = 9;                     // 576 / 16 / 4 waves
+constexpr int kQkDimsPerWave = 16 * kKSteps;   // 144
+constexpr int kVDimsPerWave = kHeadDimV / kWaves;  // 128
+constexpr int kVTiles = kVDimsPerWave / 16;    // 8 m-tiles of O^T per wave
+constexpr int kLdsRow = kHeadDimQK + 4;        // bf16 per LDS row (1160 bytes)
+constexpr int kRedStride = kBlockN + 4;        // fp32 per row of a partial score tile
+constexpr int kPStride = kBlockN + 4;          // bf16 per row of P (18 dwords)
+constexpr int kRowThreads = kThreads / kTileRows;  // 16 softmax threads per row
+static_assert(kKSteps * 16 * kWaves == kHeadDimQK, "QK split");
+static_assert(kRowThreads * 2 == kBlockN, "softmax: two tokens per thread");
+
+typedef short bf16x4_t __attribute__((ext_vector_type(4)));
+typedef float f32x4_t __attribute__((ext_vector_type(4)));
+typedef float f32x2_t __attribute__((ext_vector_type(2)));
+typedef uint32_t u32x2_t __attribute__((ext_vector_type(2)));
+typedef uint32_t u32x4_t __attribute__((ext_vector_type(4)));
+
+struct alignas(16) Smem {
+  uint16_t kv[kBlockN * kLdsRow];
+  float red[kWaves][kTileRows][kRedStride];
+  uint16_t p[kTileRows][kPStride];
+  int32_t flag[kBlockN];
+  float alpha[kTileRows];
+  float m[kTileRows];
+  float l[kTileRows];
+};
+static_assert(sizeof(Smem) <= MLA_MAX_SMEM_BYTES, "LDS budget exceeded");
+
+// Raw cache bytes per row, and how a stage splits into 16-byte chunks.
+template <KvFormat F>
+struct Fmt {
+  static constexpr int kRowBytes = F == KvFormat::kBf16 ? 2 * kHeadDimQK
+                                   : F == KvFormat::kMxfp4 ? kMxfp4RowBytes
+                                                           : kHeadDimQK;
+  static constexpr int kChunksPerRow = kRowBytes / 16;
+  static constexpr int kElemsPerChunk = kHeadDimQK / kChunksPerRow;  // 8, 16, 32
+  static constexpr int kChunks = kBlockN * kChunksPerRow;
+  static constexpr int kSlots = (kChunks + kThreads - 1) / kThreads;  // 9, 5, 3
+  static constexpr bool kMx = F == KvFormat::kMxfp4;
+  static constexpr bool kFp8 = F == KvFormat::kFp8E4M3FN || F == KvFormat::kFp8E4M3FNUZ;
+#if defined(MLA_NATIVE_FP8_FNUZ)
+  static constexpr bool kNativeFnuz = true;
+#else
+  static constexpr bool kNativeFnuz = false;
+#endif
+#if defined(MLA_NATIVE_FP8_OCP)
+  static constexpr bool kNativeOcp = true;
+#else
+  static constexpr bool kNativeOcp = false;
+#endif
+  // The target's fp8 convert instruction decodes exactly this flavour.
+  static constexpr bool kNativeFp8 =
+      (F == KvFormat::kFp8E4M3FNUZ && kNativeFnuz) || (F == KvFormat::kFp8E4M3FN && kNativeOcp);
+};
+// MXFP4: a 16-byte chunk is 32 codes = exactly one E8M0 block.
+static_assert(Fmt<KvFormat::kMxfp4>::kElemsPerChunk == kMxBlock, "one MX block per chunk");
+
+__device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+__device__ __forceinline__ float fast_exp2(float x) {
+#if __has_builtin(__builtin_amdgcn_exp2f)
+  return __builtin_amdgcn_exp2f(x);  // v_exp_f32 (CUDA: ex2.approx under --use_fast_math)
+#else
+  return exp2f(x);
+#endif
+}
+__device__ __forceinline__ float fast_log2(float x) {
+#if __has_builtin(__builtin_amdgcn_logf)
+  return __builtin_amdgcn_logf(x);  // v_log_f32
+#else
+  return __log2f(x);
+#endif
+}
+
+__device__ __forceinline__ f32x4_t mfma_bf16(u32x2_t a, u32x2_t b, f32x4_t c) {
+#if defined(MLA_HAS_MFMA) || !defined(__HIP_DEVICE_COMPILE__)
+  return __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(__builtin_bit_cast(bf16x4_t, a), __builtin_bit_cast(bf16x4_t, b),
+                                                   c, 0, 0, 0);
+#else
+  return c;  // unreachable: the #error above stops such targets
+#endif
+}
+
+// bf16 bits of two floats that are bf16 values already (dequantised fp8 and
+// scaled E2M1): truncation is exact, NaN stays NaN (quiet bit is kept).
+__device__ __forceinline__ uint32_t pack_exact(float lo, float hi) {
+  return (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xffff0000u);
+}
+
+// Four fp8 codes (byte i = element i) -> bf16 pairs (0,1) and (2,3).
+template <KvFormat F>
+__device__ __forceinline__ u32x2_t fp8x4_to_bf16(uint32_t w) {
+  u32x2_t r;
+  if constexpr (Fmt<F>::kNativeFp8) {
+#if defined(MLA_NATIVE_FP8_FNUZ) || defined(MLA_NATIVE_FP8_OCP)
+    // v_cvt_pk_f32_fp8: the fp8 flavour of the target (fnuz on gfx942, OCP on gfx950).
+    const f32x2_t a = __builtin_amdgcn_cvt_pk_f32_fp8(static_cast<int>(w), false);
+    const f32x2_t b = __builtin_amdgcn_cvt_pk_f32_fp8(static_cast<int>(w), true);
+    r.x = pack_exact(a.x, a.y);
+    r.y = pack_exact(b.x, b.y);
+#endif
+  } else {
+    float f[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint8_t c = static_cast<uint8_t>(w >> (8 * i));
+      f[i] = F == KvFormat::kFp8E4M3FNUZ ? e4m3fnuz_to_float(c) : e4m3fn_to_float(c);
+    }
+    r.x = pack_exact(f[0], f[1]);
+    r.y = pack_exact(f[2], f[3]);
+  }
+  return r;
+}
+
+// Low (hi == false) or high 16 bits of w0 and of w1, as one bf16 pair.
+__device__ __forceinline__ uint32_t pick_halves(uint32_t w0, uint32_t w1, bool hi) {
+  return hi ? ((w0 >> 16) | (w1 & 0xffff0000u)) : ((w0 & 0xffffu) | (w1 << 16));
+}
+
+template <KvFormat F>
+__global__ void __launch_bounds__(kThreads) mla_decode_split_kernel_mfma(const DecodeLaunch args) {
+  using Fm = Fmt<F>;
+  constexpr bool kMx = Fm::kMx;
+  constexpr bool kFp8 = Fm::kFp8;
+  __shared__ Smem smem;
+
+  const MlaDecodeParams& p = args.p;
+  const int tid = threadIdx.x;
+  const int wave = tid / kWaveSize;
+  const int lane = tid % kWaveSize;
+  const int col = lane & 15;  // MFMA column / A-row index of this lane
+  const int g = lane >> 4;    // MFMA k group (k = 4g..4g+3) / D row group
+
+  // ---- which query token, heads and KV range (as decode_kernel.cuh) ---------
+  const int t = blockIdx.x / args.head_groups;
+  const int h0 = (blockIdx.x % args.head_groups) * kTileRows;
+  const int split = blockIdx.y;
+  int b = 0;
+  {
+    int lo = 0, hi = p.batch - 1;  // largest b with qo_indptr[b] <= t
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (p.qo_indptr[mid] <= t) lo = mid; else hi = mid - 1;
+    }
+    b = lo;
+  }
+  const int q_begin = p.qo_indptr[b];
+  const int q_end = p.qo_indptr[b + 1];
+  // A token that no item owns (inconsistent qo_indptr) produces NaN, not garbage.
+  const bool orphan = t < q_begin || t >= q_end;
+  const int kv_len = orphan ? 0 : kv_length(p, b);
+  const int visible = orphan ? 0 : visible_keys(kv_len, q_end - q_begin, t - q_begin);
+  const int chunk = ceil_div(ceil_div(visible, args.num_splits), kBlockN) * kBlockN;
+  const int kv_begin = min(split * chunk, visible);
+  const int kv_end = min(kv_begin + chunk, visible);
+  const int n_tiles = ceil_div(kv_end - kv_begin, kBlockN);
+
+  float scale_log2 = p.sm_scale * 1.4426950408889634f;  // log2(e)
+  if constexpr (kFp8) {
+    // fp8 codes enter the MFMA unscaled; the per-tensor scale multiplies S and O.
+    scale_log2 *= *p.fp8_scale;
+  }
+
+  // ---- Q fragments (B operand of S^T = K Q^T), registers, whole kernel -------
+  // lane: head h0 + col, dims 144 wave + 16 kk + 4g .. +3.
+  u32x2_t qf[kKSteps];
+  {
+    const int h = h0 + col;
+    const bool valid = !orphan && h < p.num_heads;
+    const uint16_t* q = static_cast<const uint16_t*>(p.q) + static_cast<int64_t>(t) * p.q_stride_token +
+                        static_cast<int64_t>(valid ? h : 0) * p.q_stride_head + kQkDimsPerWave * wave + 4 * g;
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      qf[kk] = valid ? *reinterpret_cast<const u32x2_t*>(q + 16 * kk) : u32x2_t{0u, 0u};
+    }
+  }
+
+  // ---- stage loader: global -> registers (prefetch), registers -> LDS -------
+  const uint8_t* kv_base = static_cast<const uint8_t*>(p.kv);
+  // Lane (lane % 32) of every wave resolves the cache row of token lane % 32
+  // of the tile; chunk loaders fetch it with a shuffle. -2: past the range
+  // (zero-filled, masked to -inf), -1: bad index (zero-filled, NaN).
+  auto tile_row = [&](int tile_idx) -> int {
+    const int j = kv_begin + tile_idx * kBlockN + (lane & 31);
+    if (j >= kv_end) return -2;
+    const int64_t r = kv_row(p, b, j);
+    return r < 0 ? -1 : static_cast<int>(r);
+  };
+  int pf_row = -2;             // this lane's token row of the prefetched stage
+  u32x4_t raw[Fm::kSlots];     // chunk tid + 256 s of the prefetched stage
+  uint32_t mx_e[Fm::kSlots];   // MXFP4: its E8M0 byte
+  auto issue_tile = [&](int tile_idx) {
+    pf_row = tile_row(tile_idx);
+#pragma unroll
+    for (int s = 0; s < Fm::kSlots; ++s) {
+      const int idx = tid + kThreads * s;
+      const int n = min(idx / Fm::kChunksPerRow, kBlockN - 1);
+      const int ch = idx - (idx / Fm::kChunksPerRow) * Fm::kChunksPerRow;
+      const int r = mla_shfl(pf_row, n);
+      raw[s] = u32x4_t{0u, 0u, 0u, 0u};
+      mx_e[s] = 127u;  // 2^0: a zero-filled row decodes to +0
+      if (idx < Fm::kChunks && r >= 0) {
+        raw[s] = *reinterpret_cast<const u32x4_t*>(kv_base + static_cast<int64_t>(r) * p.kv_row_stride_bytes + ch * 16);
+        if constexpr (kMx) {
+          mx_e[s] = p.mx_scale[static_cast<int64_t>(r) * p.mx_scale_stride_row +
+                               static_cast<int64_t>(ch) * p.mx_scale_stride_col];
+        }
+      }
+    }
+  };
+  auto store_tile = [&]() {
+#pragma unroll
+    for (int s = 0; s < Fm::kSlots; ++s) {
+      const int idx = tid + kThreads * s;
+      if (idx >= Fm::kChunks) continue;
+      const int n = idx / Fm::kChunksPerRow;
+      const int ch = idx - n * Fm::kChunksPerRow;
+      u32x2_t* dst = reinterpret_cast<u32x2_t*>(smem.kv + n * kLdsRow + ch * Fm::kElemsPerChunk);
+      const u32x4_t w = raw[s];
+      if constexpr (F == KvFormat::kBf16) {
+        dst[0] = u32x2_t{w.x, w.y};
+        dst[1] = u32x2_t{w.z, w.w};
+      } else if constexpr (kFp8) {
+        dst[0] = fp8x4_to_bf16<F>(w.x);
+        dst[1] = fp8x4_to_bf16<F>(w.y);
+        dst[2] = fp8x4_to_bf16<F>(w.z);
+        dst[3] = fp8x4_to_bf16<F>(w.w);
+      } else {
+        // 32 E2M1 codes (even element in the low nibble) times 2^(E - 127).
+        const float sc = e8m0_to_float(static_cast<uint8_t>(mx_e[s]));
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const uint32_t word = w[k];
+          uint32_t o[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const uint32_t byte = word >> (8 * j);
+            o[j] = pack_exact(e2m1_to_float(byte & 0xfu) * sc, e2m1_to_float((byte >> 4) & 0xfu) * sc);
+          }
+          dst[2 * k] = u32x2_t{o[0], o[1]};
+          dst[2 * k + 1] = u32x2_t{o[2], o[3]};
+        }
+      }
+    }
+    if (wave == 0 && lane < kBlockN) smem.flag[lane] = pf_row == -1 ? 1 : 0;
+  };
+
+  if (n_tiles > 0) issue_tile(0);
+
+  f32x4_t o[kVTiles];
+#pragma unroll
+  for (int j = 0; j < kVTiles; ++j) o[j] = f32x4_t{0.f, 0.f, 0.f, 0.f};
+  // Online-softmax state of row tid / 16, kept identically by its 16 threads.
+  float m_run = -MLA_INF;
+  float l_run = 0.f;
+  const int sm_row = tid / kRowThreads;
+  const int sm_col = (tid % kRowThreads) * 2;
+
+  for (int it = 0; it < n_tiles; ++it) {
+    __syncthreads();  // (A) everyone finished PV of stage it-1: the LDS tile is free
+    store_tile();
+    if (it + 1 < n_tiles) issue_tile(it + 1);  // in flight during this stage's math
+    __syncthreads();  // (B) stage it visible
+
+    // ---- 1. partial S^T = K Q^T over this wave's 144 dims -------------------
+    {
+      f32x4_t s_acc[2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        s_acc[nt] = f32x4_t{0.f, 0.f, 0.f, 0.f};
+        // A operand: token 16 nt + col, dims 144 wave + 16 kk + 4g .. +3.
+        const uint16_t* krow = smem.kv + (16 * nt + col) * kLdsRow + kQkDimsPerWave * wave + 4 * g;
+#pragma unroll
+        for (int kk = 0; kk < kKSteps; ++kk) {
+          s_acc[nt] = mfma_bf16(*reinterpret_cast<const u32x2_t*>(krow + 16 * kk), qf[kk], s_acc[nt]);
+        }
+        // D: tokens 16 nt + 4g .. +3 of head col.
+        *reinterpret_cast<f32x4_t*>(&smem.red[wave][col][16 * nt + 4 * g]) = s_acc[nt];
+      }
+    }
+    __syncthreads();  // (C) partial scores visible
+
+    // ---- 2. online softmax: 16 threads per row, 2 tokens each --------------
+    {
+      float sv[2] = {0.f, 0.f};
+#pragma unroll
+      for (int w = 0; w < kWaves; ++w) {
+        const f32x2_t x = *reinterpret_cast<const f32x2_t*>(&smem.red[w][sm_row][sm_col]);
+        sv[0] += x.x;
+        sv[1] += x.y;
+      }
+      const int pos0 = kv_begin + it * kBlockN + sm_col;
+      float tile_max = -MLA_INF;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        sv[e] *= scale_log2;
+        if (pos0 + e >= kv_end) sv[e] = -MLA_INF;
+        else if (smem.flag[sm_col + e]) sv[e] = MLA_NAN;
+        tile_max = fmaxf(tile_max, sv[e]);
+      }
+#pragma unroll
+      for (int off = 1; off < kRowThreads; off <<= 1) tile_max = fmaxf(tile_max, mla_shfl_xor(tile_max, off));
+      const float m_new = fmaxf(m_run, tile_max);
+      const bool none = m_new == -MLA_INF;
+      const float alpha = none ? 1.f : fast_exp2(m_run - m_new);
+      float pv[2];
+      float psum = 0.f;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        pv[e] = none ? 0.f : fast_exp2(sv[e] - m_new);
+        psum += pv[e];
+      }
+#pragma unroll
+      for (int off = 1; off < kRowThreads; off <<= 1) psum += mla_shfl_xor(psum, off);
+      l_run = l_run * alpha + psum;
+      m_run = m_new;
+      *reinterpret_cast<uint32_t*>(&smem.p[sm_row][sm_col]) = mla_pack_bf16x2(pv[0], pv[1]);
+      if (tid % kRowThreads == 0) smem.alpha[sm_row] = alpha;
+    }
+    __syncthreads();  // (D) P and alpha visible
+
+    // ---- 3. O^T = alpha * O^T + V^T P^T over this wave's 128 value dims -----
+    // m-tile j = 4q + i, A row m: value dim 128 wave + 64 q + 4m + i. A lane
+    // reads 4 contiguous dims (8 bytes) of each of its 4 tokens and regroups
+    // them into the four m-tiles' operands, so every LDS read is a row read.
+    {
+      const float alpha = smem.alpha[col];
+#pragma unroll
+      for (int j = 0; j < kVTiles; ++j) o[j] *= alpha;
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        // B operand: P[head col][tokens 16 kk + 4g .. +3].
+        const u32x2_t pb = *reinterpret_cast<const u32x2_t*>(&smem.p[col][16 * kk + 4 * g]);
+        const uint16_t* vrow = smem.kv + (16 * kk + 4 * g) * kLdsRow + kVDimsPerWave * wave + 4 * col;
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          u32x2_t x[4];  // token e: dims (4col, 4col+1) in .x, (4col+2, 4col+3) in .y
+#pragma unroll
+          for (int e = 0; e < 4; ++e) x[e] = *reinterpret_cast<const u32x2_t*>(vrow + e * kLdsRow + 64 * q);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const bool hi = i & 1;
+            const u32x2_t a = i < 2 ? u32x2_t{pick_halves(x[0].x, x[1].x, hi), pick_halves(x[2].x, x[3].x, hi)}
+                                    : u32x2_t{pick_halves(x[0].y, x[1].y, hi), pick_halves(x[2].y, x[3].y, hi)};
+            o[4 * q + i] = mfma_bf16(a, pb, o[4 * q + i]);
+          }
+        }
+      }
+    }
+  }
+
+  // ---- epilogue --------------------------------------------------------------
+  if (tid % kRowThreads == 0) {
+    smem.m[sm_row] = m_run;
+    smem.l[sm_row] = l_run;
+  }
+  __syncthreads();
+  const int h = h0 + col;
+  if (h >= p.num_heads) return;
+  float out_scale = 1.f;
+  if constexpr (kFp8) out_scale = *p.fp8_scale;
+  const float l = smem.l[col];
+  const float m = smem.m[col];
+  float inv = l > 0.f ? out_scale / l : 0.f;
+  float lse = l > 0.f ? (m + fast_log2(l)) * 0.6931471805599453f : -MLA_INF;
+  if (__builtin_isnan(l) || orphan) {
+    inv = MLA_NAN;
+    lse = MLA_NAN;
+  }
+  // o[4q + i][r] is dim 128 wave + 64 q + 16 g + 4 r + i of head h.
+  if (args.num_splits == 1) {
+    uint16_t* dst = static_cast<uint16_t*>(p.out) + static_cast<int64_t>(t) * p.out_stride_token +
+                    static_cast<int64_t>(h) * p.out_stride_head + kVDimsPerWave * wave + 16 * g;
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        uint32_t* d32 = reinterpret_cast<uint32_t*>(dst + 64 * q + 4 * r);
+        d32[0] = mla_pack_bf16x2(o[4 * q + 0][r] * inv, o[4 * q + 1][r] * inv);
+        d32[1] = mla_pack_bf16x2(o[4 * q + 2][r] * inv, o[4 * q + 3][r] * inv);
+      }
+    }
+    if (wave == 0 && g == 0) {
+      p.lse[static_cast<int64_t>(t) * p.lse_stride_token + static_cast<int64_t>(h) * p.lse_stride_head] = lse;
+    }
+  } else {
+    const int64_t row = static_cast<int64_t>(t) * p.num_heads + h;
+    const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
+    float* dst = args.partial_out + (static_cast<int64_t>(split) * rows + row) * kHeadDimV + kVDimsPerWave * wave + 16 * g;
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        *reinterpret_cast<f32x4_t*>(dst + 64 * q + 4 * r) =
+            f32x4_t{o[4 * q + 0][r] * inv, o[4 * q + 1][r] * inv, o[4 * q + 2][r] * inv, o[4 * q + 3][r] * inv};
+      }
+    }
+    if (wave == 0 && g == 0) args.partial_lse[static_cast<int64_t>(split) * rows + row] = lse;
+  }
+}
+
+}  // namespace mfma
+
+// Launches mfma::mla_decode_split_kernel_mfma<F>; explicitly instantiated per
+// format in decode_<format>.cu, like the CUDA kernel. LDS is static (48 KB,
+// no opt-in needed on AMD below 64 KB), so nothing is configured per device.
+template <KvFormat F>
+cudaError_t launch_split_kernel(const DecodeLaunch& args, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(args.p.total_q) * args.head_groups, args.num_splits);
+  mfma::mla_decode_split_kernel_mfma<F><<<grid, mfma::kThreads, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+}  // namespace cuda
+}  // namespace mla_decode
