@@ -385,7 +385,11 @@ __global__ void __launch_bounds__(kThreads) mla_decode_split_kernel_mfma(const D
       float psum = 0.f;
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        pv[e] = none ? 0.f : fast_exp2(sv[e] - m_new);
+        // With no finite score yet (none), sv is -inf (masked) or NaN (bad
+        // index): exp2 gives 0 or NaN, so a row whose first keys in this split
+        // are all bad still ends up NaN. (decode_kernel.cuh writes 0 there,
+        // which loses the NaN; see the note to the lead in docs/amd.md.)
+        pv[e] = fast_exp2(sv[e] - (none ? 0.f : m_new));
         psum += pv[e];
       }
 #pragma unroll

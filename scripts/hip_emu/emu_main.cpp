@@ -1,0 +1,388 @@
+// Runs the hipified HIP kernels of mla_decode (csrc/cuda/decode_kernel_mfma.cuh
+// and the combine kernel of decode_launch.cu, through launch_decode) on the
+// host under hip/hip_runtime.h of this directory, and compares every output
+// row with a float64 reference. Built and run by scripts/hip_check.sh; it
+// checks the kernel logic (lane layouts, permutations, online softmax,
+// split/combine, masking, NaN and empty-row rules, skipped heads), not the
+// speed or the hardware.
+#include "hip/hip_runtime.h"
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "hip/decode_launch.h"
+#include "mla_decode/addressing_hip.h"
+#include "mla_decode/formats_hip.h"
+#include "mla_decode/params.h"
+
+using namespace mla_decode;
+
+namespace {
+
+constexpr int kNumCus = 16;      // "SM" count handed to plan_splits for automatic splits
+constexpr int kOutPad = 8;       // bf16 after each out row (sentinel-checked)
+constexpr uint16_t kSentinel = 0x1234;
+constexpr float kLseSentinel = 12345.f;
+
+uint16_t to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+double bf16_value(uint16_t h) { return bf16_bits_to_float(h); }
+
+struct Case {
+  std::string name;
+  KvFormat fmt = KvFormat::kBf16;
+  KvLayout layout = KvLayout::kIndptr;
+  int heads = 16;
+  std::vector<int> q_lens, kv_lens;
+  int page_size = 1;
+  int splits = 1;             // 0: plan_splits(p, kNumCus, 0)
+  int bad_token = -1;         // this referenced token (flat, item-major) points outside the cache
+  bool orphan = false;        // one more query token than qo_indptr covers
+  bool nan_scale_token0 = false;  // MXFP4: token 0 of item 0 gets a NaN (0xFF) block scale
+  uint32_t seed = 1;
+};
+
+const char* fmt_name(KvFormat f) {
+  switch (f) {
+    case KvFormat::kBf16: return "bf16";
+    case KvFormat::kFp8E4M3FN: return "fp8_e4m3fn";
+    case KvFormat::kFp8E4M3FNUZ: return "fp8_e4m3fnuz";
+    case KvFormat::kMxfp4: return "mxfp4";
+  }
+  return "?";
+}
+
+struct Problem {
+  MlaDecodeParams p;
+  std::vector<uint16_t> q;
+  std::vector<uint8_t> kv;
+  std::vector<uint8_t> mx;
+  std::vector<int32_t> qo_indptr, kv_indptr, kv_indices, block_table, kv_lens;
+  float fp8_scale = 0.5f;
+  std::vector<uint16_t> out;
+  std::vector<float> lse;
+  int64_t row_stride = 0;
+};
+
+int row_bytes(KvFormat f) {
+  return f == KvFormat::kBf16 ? 2 * kHeadDimQK : f == KvFormat::kMxfp4 ? kMxfp4RowBytes : kHeadDimQK;
+}
+
+void fill_row(Problem& pr, KvFormat f, int64_t r, bool nan_row, std::mt19937& rng) {
+  uint8_t* row = pr.kv.data() + r * pr.row_stride;
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_int_distribution<int> u(0, 255);
+  if (f == KvFormat::kBf16) {
+    for (int d = 0; d < kHeadDimQK; ++d) {
+      const uint16_t h = nan_row ? 0x7fc0 : to_bf16(nd(rng));
+      memcpy(row + 2 * d, &h, 2);
+    }
+  } else if (f == KvFormat::kMxfp4) {
+    for (int i = 0; i < kMxfp4RowBytes; ++i) row[i] = static_cast<uint8_t>(u(rng));
+    for (int k = 0; k < kMxBlocksPerRow; ++k) {
+      pr.mx[r * 20 + k] = nan_row ? 0xff : static_cast<uint8_t>(124 + u(rng) % 6);
+    }
+  } else {
+    const bool fnuz = f == KvFormat::kFp8E4M3FNUZ;
+    for (int d = 0; d < kHeadDimQK; ++d) {
+      uint8_t c;
+      if (nan_row) {
+        c = fnuz ? 0x80 : 0x7f;
+      } else {
+        const int e = u(rng) % (fnuz ? 10 : 9), m = u(rng) % 8, s = u(rng) % 2;
+        c = static_cast<uint8_t>((s << 7) | (e << 3) | m);
+        if (fnuz && c == 0x80) c = 0;
+      }
+      row[d] = c;
+    }
+  }
+}
+
+double kv_value(const Problem& pr, KvFormat f, int64_t r, int d) {
+  const uint8_t* row = pr.kv.data() + r * pr.row_stride;
+  if (f == KvFormat::kBf16) {
+    uint16_t h;
+    memcpy(&h, row + 2 * d, 2);
+    return bf16_value(h);
+  }
+  if (f == KvFormat::kMxfp4) {
+    const uint32_t nib = (row[d / 2] >> (4 * (d % 2))) & 0xf;
+    return static_cast<double>(e2m1_to_float(nib)) * e8m0_to_float(pr.mx[r * 20 + d / kMxBlock]);
+  }
+  const double c = f == KvFormat::kFp8E4M3FNUZ ? e4m3fnuz_to_float(row[d]) : e4m3fn_to_float(row[d]);
+  return c * pr.fp8_scale;
+}
+
+void build(const Case& c, Problem& pr) {
+  std::mt19937 rng(c.seed);
+  const int B = static_cast<int>(c.q_lens.size());
+  int total_q = 0;
+  pr.qo_indptr.assign(1, 0);
+  for (int b = 0; b < B; ++b) pr.qo_indptr.push_back(total_q += c.q_lens[b]);
+  if (c.orphan) ++total_q;
+  int total_kv = 0;
+  for (int l : c.kv_lens) total_kv += l;
+
+  MlaDecodeParams& p = pr.p;
+  p = MlaDecodeParams{};
+  p.batch = B;
+  p.num_heads = c.heads;
+  p.total_q = total_q;
+  p.sm_scale = 1.f / 24.f;
+  p.format = c.fmt;
+  p.layout = c.layout;
+  pr.row_stride = row_bytes(c.fmt) + 16;  // padded rows: the stride is honoured
+
+  // Which cache row each referenced token uses (-1 = deliberately bad).
+  std::vector<int64_t> token_row;
+  int64_t num_rows = 0;
+  if (c.layout == KvLayout::kPaged) {
+    const int P = c.page_size;
+    int max_pages = 1, pages = 0;
+    for (int l : c.kv_lens) {
+      max_pages = std::max(max_pages, (l + P - 1) / P);
+      pages += (l + P - 1) / P;
+    }
+    const int num_pages = pages + 3;
+    std::vector<int> perm(num_pages);
+    for (int i = 0; i < num_pages; ++i) perm[i] = i;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    pr.block_table.assign(static_cast<size_t>(B) * (max_pages + 1), -1);  // one spare column: stride != width
+    int next = 0, flat = 0;
+    for (int b = 0; b < B; ++b) {
+      const int np = (c.kv_lens[b] + P - 1) / P;
+      for (int i = 0; i < np; ++i) pr.block_table[b * (max_pages + 1) + i] = perm[next++];
+      for (int j = 0; j < c.kv_lens[b]; ++j, ++flat) {
+        int32_t& page = pr.block_table[b * (max_pages + 1) + j / P];
+        if (flat == c.bad_token) page = num_pages + 2;
+        token_row.push_back(page >= num_pages ? -1 : static_cast<int64_t>(page) * P + j % P);
+      }
+    }
+    pr.kv_lens = c.kv_lens;
+    num_rows = static_cast<int64_t>(num_pages) * P;
+    p.page_size = P;
+    p.max_pages_per_seq = max_pages;
+    p.block_table_stride = max_pages + 1;
+  } else {
+    num_rows = total_kv + 5;  // 5 rows no token references: NaN
+    pr.kv_indptr.assign(1, 0);
+    for (int b = 0; b < B; ++b) pr.kv_indptr.push_back(pr.kv_indptr.back() + c.kv_lens[b]);
+    if (c.layout == KvLayout::kIndptrIndices) {
+      std::vector<int> perm(num_rows);
+      for (int i = 0; i < num_rows; ++i) perm[i] = i;
+      std::shuffle(perm.begin(), perm.end(), rng);
+      for (int i = 0; i < total_kv; ++i) {
+        pr.kv_indices.push_back(i == c.bad_token ? static_cast<int32_t>(num_rows + 7) : perm[i]);
+        token_row.push_back(i == c.bad_token ? -1 : perm[i]);
+      }
+      p.num_kv_indices = static_cast<int64_t>(pr.kv_indices.size());
+    } else {
+      for (int i = 0; i < total_kv; ++i) token_row.push_back(i);
+    }
+  }
+  p.num_cache_rows = num_rows;
+
+  pr.kv.assign(static_cast<size_t>(num_rows) * pr.row_stride, 0);
+  pr.mx.assign(static_cast<size_t>(num_rows) * 20, 0);
+  std::vector<char> used(num_rows, 0);
+  for (int64_t r : token_row) if (r >= 0) used[r] = 1;
+  for (int64_t r = 0; r < num_rows; ++r) fill_row(pr, c.fmt, r, !used[r], rng);
+  if (c.nan_scale_token0 && token_row[0] >= 0) pr.mx[token_row[0] * 20 + 3] = 0xff;
+
+  std::normal_distribution<float> nd(0.f, 1.f);
+  pr.q.resize(static_cast<size_t>(total_q) * c.heads * kHeadDimQK);
+  for (auto& x : pr.q) x = to_bf16(nd(rng));
+  const int64_t out_head = kHeadDimV + kOutPad, out_token = c.heads * out_head + kOutPad;
+  const int64_t lse_token = c.heads + 3;
+  pr.out.assign(static_cast<size_t>(total_q) * out_token, kSentinel);
+  pr.lse.assign(static_cast<size_t>(total_q) * lse_token, kLseSentinel);
+
+  p.q = pr.q.data();
+  p.q_stride_token = static_cast<int64_t>(c.heads) * kHeadDimQK;
+  p.q_stride_head = kHeadDimQK;
+  p.kv = pr.kv.data();
+  p.kv_row_stride_bytes = pr.row_stride;
+  p.fp8_scale = &pr.fp8_scale;
+  p.mx_scale = pr.mx.data();
+  p.mx_scale_stride_row = 20;
+  p.mx_scale_stride_col = 1;
+  p.qo_indptr = pr.qo_indptr.data();
+  p.kv_indptr = pr.kv_indptr.empty() ? nullptr : pr.kv_indptr.data();
+  p.kv_indices = pr.kv_indices.empty() ? nullptr : pr.kv_indices.data();
+  p.block_table = pr.block_table.empty() ? nullptr : pr.block_table.data();
+  p.kv_lens = pr.kv_lens.empty() ? nullptr : pr.kv_lens.data();
+  p.out = pr.out.data();
+  p.out_stride_token = out_token;
+  p.out_stride_head = out_head;
+  p.lse = pr.lse.data();
+  p.lse_stride_token = lse_token;
+  p.lse_stride_head = 1;
+}
+
+// Returns the number of failed rows (prints the first few).
+int check(const Case& c, const Problem& pr, int splits) {
+  const MlaDecodeParams& p = pr.p;
+  const int B = p.batch;
+  int bad = 0;
+  auto fail = [&](int t, int h, const char* what, double got, double want) {
+    if (++bad <= 5) {
+      printf("    FAIL %s (splits %d): token %d head %d: %s got %.6g want %.6g\n", c.name.c_str(), splits, t, h,
+             what, got, want);
+    }
+  };
+  const double vmax = c.fmt == KvFormat::kBf16 ? 4.5 : c.fmt == KvFormat::kMxfp4 ? 6.0 * 4.0 : 3.75 * pr.fp8_scale;
+  std::vector<double> s, o(kHeadDimV);
+  for (int t = 0; t < p.total_q; ++t) {
+    int b = -1;
+    for (int i = 0; i < B; ++i) if (t >= pr.qo_indptr[i] && t < pr.qo_indptr[i + 1]) b = i;
+    for (int h = 0; h < p.num_heads; ++h) {
+      const uint16_t* out = pr.out.data() + t * p.out_stride_token + h * p.out_stride_head;
+      const float lse = pr.lse[t * p.lse_stride_token + h];
+      for (int d = kHeadDimV; d < kHeadDimV + kOutPad; ++d) {
+        if (out[d] != kSentinel) fail(t, h, "write past the row", out[d], kSentinel);
+      }
+      bool want_nan = b < 0, empty = false;
+      double ref_lse = 0;
+      if (!want_nan) {
+        const int L = kv_length(p, b), Q = pr.qo_indptr[b + 1] - pr.qo_indptr[b];
+        const int vis = visible_keys(L, Q, t - pr.qo_indptr[b]);
+        const uint16_t* q = pr.q.data() + t * p.q_stride_token + h * p.q_stride_head;
+        s.assign(vis, 0.0);
+        for (int j = 0; j < vis && !want_nan; ++j) {
+          const int64_t r = kv_row(p, b, j);
+          if (r < 0) { want_nan = true; break; }
+          double acc = 0;
+          for (int d = 0; d < kHeadDimQK; ++d) acc += bf16_value(q[d]) * kv_value(pr, c.fmt, r, d);
+          s[j] = acc * p.sm_scale;
+          if (std::isnan(s[j])) want_nan = true;
+        }
+        empty = vis == 0;
+        if (!want_nan && !empty) {
+          double m = -INFINITY;
+          for (double x : s) m = std::max(m, x);
+          double l = 0;
+          std::fill(o.begin(), o.end(), 0.0);
+          for (int j = 0; j < vis; ++j) {
+            const double e = std::exp(s[j] - m);
+            l += e;
+            const int64_t r = kv_row(p, b, j);
+            for (int d = 0; d < kHeadDimV; ++d) o[d] += e * kv_value(pr, c.fmt, r, d);
+          }
+          for (double& x : o) x /= l;
+          ref_lse = m + std::log(l);
+          for (double x : o) if (std::isnan(x)) want_nan = true;
+        }
+      }
+      if (want_nan) {
+        if (!std::isnan(lse)) fail(t, h, "lse (want NaN)", lse, NAN);
+        for (int d = 0; d < kHeadDimV; ++d) {
+          if (!std::isnan(bf16_value(out[d]))) { fail(t, h, "out (want NaN)", bf16_value(out[d]), NAN); break; }
+        }
+      } else if (empty) {
+        if (!(std::isinf(lse) && lse < 0)) fail(t, h, "lse (want -inf)", lse, -INFINITY);
+        for (int d = 0; d < kHeadDimV; ++d) {
+          if (out[d] != 0) { fail(t, h, "out (want 0)", bf16_value(out[d]), 0); break; }
+        }
+      } else {
+        if (!(std::fabs(lse - ref_lse) <= 2e-3 * std::max(1.0, std::fabs(ref_lse)))) fail(t, h, "lse", lse, ref_lse);
+        for (int d = 0; d < kHeadDimV; ++d) {
+          const double got = bf16_value(out[d]);
+          if (!(std::fabs(got - o[d]) <= 4e-3 * vmax + 8e-3 * std::fabs(o[d]))) {
+            char what[32];
+            snprintf(what, sizeof what, "out[%d]", d);
+            fail(t, h, what, got, o[d]);
+            break;
+          }
+        }
+      }
+    }
+  }
+  return bad;
+}
+
+}  // namespace
+
+int main() {
+  using F = KvFormat;
+  using L = KvLayout;
+  std::vector<Case> cases;
+  auto add = [&](Case c) { cases.push_back(std::move(c)); };
+  {
+    Case c; c.name = "bf16 indptr H16 decode"; c.q_lens = {1, 1}; c.kv_lens = {45, 77}; c.seed = 1; add(c);
+  }
+  {
+    Case c; c.name = "bf16 indptr H20 (partial head group) 3 splits"; c.heads = 20; c.q_lens = {1}; c.kv_lens = {100};
+    c.splits = 3; c.seed = 2; add(c);
+  }
+  {
+    Case c; c.name = "fp8_e4m3fn indices, one bad index"; c.fmt = F::kFp8E4M3FN; c.layout = L::kIndptrIndices;
+    c.q_lens = {1, 1}; c.kv_lens = {50, 20}; c.bad_token = 3; c.seed = 3; add(c);
+  }
+  {
+    Case c; c.name = "fp8_e4m3fnuz paged P16 causal q_len 2, 2 splits"; c.fmt = F::kFp8E4M3FNUZ; c.layout = L::kPaged;
+    c.page_size = 16; c.q_lens = {2, 1}; c.kv_lens = {70, 33}; c.splits = 2; c.seed = 4; add(c);
+  }
+  {
+    Case c; c.name = "mxfp4 paged P64, empty item, auto splits"; c.fmt = F::kMxfp4; c.layout = L::kPaged;
+    c.page_size = 64; c.q_lens = {1, 1}; c.kv_lens = {130, 0}; c.splits = 0; c.seed = 5; add(c);
+  }
+  {
+    Case c; c.name = "mxfp4 indptr H40 causal q_len 3"; c.fmt = F::kMxfp4; c.heads = 40; c.q_lens = {3};
+    c.kv_lens = {65}; c.seed = 6; add(c);
+  }
+  {
+    Case c; c.name = "bf16 indices, the only key is bad"; c.layout = L::kIndptrIndices; c.q_lens = {1, 1};
+    c.kv_lens = {1, 40}; c.bad_token = 0; c.seed = 7; add(c);
+  }
+  {
+    Case c; c.name = "bf16 orphan query token"; c.q_lens = {1}; c.kv_lens = {33}; c.orphan = true; c.seed = 8; add(c);
+  }
+  {
+    Case c; c.name = "fp8_e4m3fn 7 splits over 40 keys (empty splits)"; c.fmt = F::kFp8E4M3FN; c.q_lens = {1};
+    c.kv_lens = {40}; c.splits = 7; c.seed = 9; add(c);
+  }
+  {
+    Case c; c.name = "mxfp4 NaN block scale on a used row, 2 splits"; c.fmt = F::kMxfp4; c.q_lens = {1, 1};
+    c.kv_lens = {40, 90}; c.nan_scale_token0 = true; c.splits = 2; c.seed = 10; add(c);
+  }
+  {
+    Case c; c.name = "fp8_e4m3fnuz indices causal q_len 4, auto splits"; c.fmt = F::kFp8E4M3FNUZ;
+    c.layout = L::kIndptrIndices; c.q_lens = {4}; c.kv_lens = {97}; c.splits = 0; c.seed = 11; add(c);
+  }
+  {
+    Case c; c.name = "bf16 paged P1 H128, auto splits"; c.layout = L::kPaged; c.page_size = 1; c.heads = 128;
+    c.q_lens = {1}; c.kv_lens = {300}; c.splits = 0; c.seed = 12; add(c);
+  }
+  {
+    Case c; c.name = "fp8_e4m3fn paged P64 bad page, 2 splits"; c.fmt = F::kFp8E4M3FN; c.layout = L::kPaged;
+    c.page_size = 64; c.q_lens = {1, 1}; c.kv_lens = {150, 70}; c.bad_token = 140; c.splits = 2; c.seed = 13;
+    add(c);
+  }
+
+  int failed = 0;
+  for (const Case& c : cases) {
+    Problem pr;
+    build(c, pr);
+    cuda::SplitPlan plan = cuda::plan_splits(pr.p, kNumCus, c.splits);
+    std::vector<float> ws((cuda::workspace_bytes(pr.p, plan) + 3) / 4 + 4);
+    const uint64_t blocks0 = emu::state().blocks_run;
+    const hipError_t err = cuda::launch_decode(pr.p, plan, ws.data(), nullptr);
+    const uint64_t blocks = emu::state().blocks_run - blocks0;
+    int bad = err == hipSuccess ? check(c, pr, plan.num_splits) : 1;
+    if (err != hipSuccess) printf("    FAIL %s: launch_decode returned %d\n", c.name.c_str(), err);
+    printf("%s  %-50s %-13s H=%-3d splits=%-2d workgroups=%-4llu\n", bad ? "FAIL" : "ok  ", c.name.c_str(),
+           fmt_name(c.fmt), c.heads, plan.num_splits, static_cast<unsigned long long>(blocks));
+    failed += bad != 0;
+  }
+  printf("hip_emu: %zu cases, %d failed\n", cases.size(), failed);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,324 @@
+// Host emulation of the small part of HIP that the (hipified) mla_decode
+// kernels use, so that scripts/hip_check.sh can *run* the AMD kernel code on a
+// machine without an AMD GPU and compare it with a float64 reference.
+//
+// Not a HIP implementation: just enough for these kernels.
+//   * A workgroup runs as blockDim.x cooperative fibers (ucontext for the
+//     first entry, _setjmp/_longjmp afterwards) in one OS thread;
+//     __syncthreads() is a workgroup barrier, every cross-lane operation
+//     (__shfl, __shfl_xor, MFMA) is a barrier of the 64 lanes of the wave.
+//     A lane that has returned leaves the barriers (like an inactive lane).
+//   * __shared__ becomes `static`: workgroups run one after another.
+//   * The MFMA builtin is computed from the lane layout documented in
+//     csrc/cuda/decode_kernel_mfma.cuh (A row l%16 k 4(l/16)..+3, B col l%16
+//     k 4(l/16)..+3, D col l%16 rows 4(l/16)..+3), accumulating in double.
+//   * __builtin_amdgcn_cvt_pk_f32_fp8 decodes e4m3fnuz when __gfx942__ is
+//     defined and OCP e4m3fn when __gfx950__ is, with decoders written here
+//     independently of csrc/mla_decode/formats.h.
+// Compile the hipified sources as C++ with -I<this dir> ahead of any real HIP
+// include path, and -D__HIPCC__ -D__HIP_PLATFORM_AMD__=1 -D__gfx942__ (or
+// -D__gfx950__). Needs clang (ext_vector_type).
+#pragma once
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ucontext.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <functional>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#define __host__
+#define __device__
+#define __global__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+
+struct dim3 {
+  unsigned x, y, z;
+  constexpr dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+typedef int hipError_t;
+constexpr hipError_t hipSuccess = 0;
+constexpr hipError_t hipErrorInvalidValue = 1;
+constexpr hipError_t hipErrorInvalidConfiguration = 9;
+typedef struct emu_stream_t* hipStream_t;
+
+struct float2 { float x, y; };
+struct float4 { float x, y, z, w; };
+struct uint2 { unsigned x, y; };
+struct uint4 { unsigned x, y, z, w; };
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
+
+inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+inline int __float_as_int(float f) { int u; memcpy(&u, &f, 4); return u; }
+inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline float __expf(float x) { return expf(x); }
+inline float __logf(float x) { return logf(x); }
+inline float __log2f(float x) { return log2f(x); }
+template <typename T>
+inline T __ldg(const T* p) { return *p; }
+
+namespace emu {
+
+constexpr int kWave = 64;
+constexpr size_t kStackBytes = 256 * 1024;
+
+struct Idx { unsigned x, y, z; };
+
+struct Fiber {
+  jmp_buf jb;
+  ucontext_t uc;
+  bool started = false;
+  bool done = false;
+  Idx tid{0, 0, 0};
+  std::vector<char> stack;
+};
+
+struct Barrier {
+  int expected = 0;
+  int arrived = 0;
+  uint64_t gen = 0;
+};
+
+struct State {
+  std::vector<Fiber> fibers;
+  int cur = -1;
+  jmp_buf sched;
+  Idx block_idx{0, 0, 0}, block_dim{1, 1, 1}, grid_dim{1, 1, 1};
+  Barrier cta;
+  std::vector<Barrier> waves;
+  std::vector<std::array<uint64_t, 4>> xfer;  // one 32-byte slot per thread for cross-lane ops
+  uint64_t progress = 0;
+  const std::function<void()>* body = nullptr;
+  uint64_t blocks_run = 0;
+};
+
+inline State& state() {
+  static State s;
+  return s;
+}
+
+inline void yield() {
+  State& s = state();
+  if (!_setjmp(s.fibers[s.cur].jb)) _longjmp(s.sched, 1);
+}
+
+inline void arrive(Barrier& b) {
+  State& s = state();
+  ++s.progress;
+  const uint64_t g = b.gen;
+  if (++b.arrived >= b.expected) {
+    b.arrived = 0;
+    ++b.gen;
+    return;
+  }
+  while (b.gen == g) yield();
+}
+
+inline void leave(Barrier& b) {
+  --b.expected;
+  if (b.arrived > 0 && b.arrived >= b.expected) {
+    b.arrived = 0;
+    ++b.gen;
+  }
+}
+
+inline int lane_id() { return state().cur % kWave; }
+inline int wave_id() { return state().cur / kWave; }
+inline void wave_barrier() { arrive(state().waves[wave_id()]); }
+inline void cta_barrier() { arrive(state().cta); }
+
+// Value of `v` at lane `src` (0..63) of the caller's wave.
+template <typename T>
+inline T exchange(const T& v, int src) {
+  static_assert(sizeof(T) <= 32, "exchange slot");
+  State& s = state();
+  memcpy(s.xfer[s.cur].data(), &v, sizeof(T));
+  wave_barrier();
+  T r;
+  memcpy(&r, s.xfer[wave_id() * kWave + (src & (kWave - 1))].data(), sizeof(T));
+  wave_barrier();
+  return r;
+}
+
+[[noreturn]] inline void fiber_exit() {
+  State& s = state();
+  Fiber& f = s.fibers[s.cur];
+  f.done = true;
+  ++s.progress;
+  leave(s.waves[s.cur / kWave]);
+  leave(s.cta);
+  _longjmp(s.sched, 1);
+}
+
+inline void fiber_entry() {
+  (*state().body)();
+  fiber_exit();
+}
+
+inline void run_block(const std::function<void()>& body, int threads) {
+  State& s = state();
+  if (static_cast<int>(s.fibers.size()) < threads) s.fibers.resize(threads);
+  s.xfer.assign(threads, {});
+  const int nwaves = (threads + kWave - 1) / kWave;
+  s.waves.assign(nwaves, Barrier{});
+  for (int w = 0; w < nwaves; ++w) s.waves[w].expected = std::min(kWave, threads - w * kWave);
+  s.cta = Barrier{};
+  s.cta.expected = threads;
+  s.body = &body;
+  for (int i = 0; i < threads; ++i) {
+    Fiber& f = s.fibers[i];
+    f.started = false;
+    f.done = false;
+    f.tid = Idx{static_cast<unsigned>(i), 0, 0};
+    if (f.stack.empty()) f.stack.resize(kStackBytes);
+  }
+  int alive = threads;
+  while (alive > 0) {
+    const uint64_t before = s.progress;
+    for (int i = 0; i < threads; ++i) {
+      Fiber& f = s.fibers[i];
+      if (f.done) continue;
+      s.cur = i;
+      if (!_setjmp(s.sched)) {
+        if (!f.started) {
+          f.started = true;
+          getcontext(&f.uc);
+          f.uc.uc_stack.ss_sp = f.stack.data();
+          f.uc.uc_stack.ss_size = f.stack.size();
+          f.uc.uc_link = nullptr;
+          makecontext(&f.uc, fiber_entry, 0);
+          setcontext(&f.uc);
+        } else {
+          _longjmp(f.jb, 1);
+        }
+      }
+      if (f.done) --alive;
+    }
+    if (alive > 0 && s.progress == before) {
+      fprintf(stderr, "hip_emu: deadlock in block (%u, %u): %d threads wait at barriers nobody else reaches\n",
+              s.block_idx.x, s.block_idx.y, alive);
+      abort();
+    }
+  }
+  s.cur = -1;
+  ++s.blocks_run;
+}
+
+template <typename... P, typename... A>
+inline void launch(void (*kernel)(P...), dim3 grid, dim3 block, A&&... a) {
+  if (block.y != 1 || block.z != 1 || grid.z != 1) {
+    fprintf(stderr, "hip_emu: only 1-D blocks and 2-D grids are emulated\n");
+    abort();
+  }
+  std::tuple<std::decay_t<P>...> args(std::forward<A>(a)...);
+  const std::function<void()> body = [&]() { std::apply(kernel, args); };
+  State& s = state();
+  s.grid_dim = Idx{grid.x, grid.y, 1};
+  s.block_dim = Idx{block.x, 1, 1};
+  for (unsigned y = 0; y < grid.y; ++y) {
+    for (unsigned x = 0; x < grid.x; ++x) {
+      s.block_idx = Idx{x, y, 0};
+      run_block(body, static_cast<int>(block.x));
+    }
+  }
+}
+
+// ---- MFMA and fp8 conversion (the two AMD builtins the kernels use) -------
+typedef short bf16x4 __attribute__((ext_vector_type(4)));
+typedef float f32x4 __attribute__((ext_vector_type(4)));
+typedef float f32x2 __attribute__((ext_vector_type(2)));
+
+inline double bf16_to_double(short h) {
+  const uint32_t u = static_cast<uint32_t>(static_cast<uint16_t>(h)) << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+inline f32x4 mfma_f32_16x16x16bf16_1k(bf16x4 a, bf16x4 b, f32x4 c, int cbsz, int abid, int blgp) {
+  if (cbsz != 0 || abid != 0 || blgp != 0) {
+    fprintf(stderr, "hip_emu: MFMA broadcast modifiers are not emulated\n");
+    abort();
+  }
+  State& s = state();
+  struct AB { bf16x4 a, b; } mine{a, b};
+  static_assert(sizeof(AB) == 16, "AB");
+  memcpy(s.xfer[s.cur].data(), &mine, sizeof(AB));
+  wave_barrier();
+  const int l = lane_id(), base = wave_id() * kWave;
+  f32x4 d;
+  for (int r = 0; r < 4; ++r) {
+    const int i = 4 * (l / 16) + r, j = l % 16;
+    double acc = c[r];
+    for (int k = 0; k < 16; ++k) {
+      AB la, lb;
+      memcpy(&la, s.xfer[base + i + 16 * (k / 4)].data(), sizeof(AB));
+      memcpy(&lb, s.xfer[base + j + 16 * (k / 4)].data(), sizeof(AB));
+      acc += bf16_to_double(la.a[k % 4]) * bf16_to_double(lb.b[k % 4]);
+    }
+    d[r] = static_cast<float>(acc);
+  }
+  wave_barrier();
+  return d;
+}
+
+inline float fp8_decode(uint32_t v) {
+  const int sign = (v >> 7) & 1, e = (v >> 3) & 15, m = v & 7;
+#if defined(__gfx950__)  // OCP e4m3fn: bias 7, S.1111.111 is NaN
+  if (e == 15 && m == 7) return NAN;
+  const float mag = e == 0 ? ldexpf(m / 8.f, -6) : ldexpf(1.f + m / 8.f, e - 7);
+#elif defined(__gfx942__)  // e4m3fnuz: bias 8, 0x80 is the only NaN
+  if (v == 0x80) return NAN;
+  const float mag = e == 0 ? ldexpf(m / 8.f, -7) : ldexpf(1.f + m / 8.f, e - 8);
+#else
+#error "hip_emu: define __gfx942__ or __gfx950__"
+#endif
+  return sign ? -mag : mag;
+}
+
+inline f32x2 cvt_pk_f32_fp8(int src, bool word_sel) {
+  const uint32_t w = static_cast<uint32_t>(src) >> (word_sel ? 16 : 0);
+  return f32x2{fp8_decode(w & 0xff), fp8_decode((w >> 8) & 0xff)};
+}
+
+}  // namespace emu
+
+#define threadIdx (::emu::state().fibers[::emu::state().cur].tid)
+#define blockIdx (::emu::state().block_idx)
+#define blockDim (::emu::state().block_dim)
+#define gridDim (::emu::state().grid_dim)
+#define __syncthreads() ::emu::cta_barrier()
+#define __builtin_amdgcn_mfma_f32_16x16x16bf16_1k ::emu::mfma_f32_16x16x16bf16_1k
+#define __builtin_amdgcn_cvt_pk_f32_fp8 ::emu::cvt_pk_f32_fp8
+#define hipLaunchKernelGGL(kernel, grid, block, shmem, stream, ...) ::emu::launch(kernel, grid, block, __VA_ARGS__)
+
+template <typename T>
+inline T __shfl(T v, int src, int width = 64) {
+  const int self = ::emu::lane_id();
+  return ::emu::exchange(v, src + (self & ~(width - 1)));
+}
+template <typename T>
+inline T __shfl_xor(T v, int lane_mask, int width = 64) {
+  const int self = ::emu::lane_id();
+  int index = self ^ lane_mask;
+  index = index >= ((self + width) & ~(width - 1)) ? self : index;
+  return ::emu::exchange(v, index);
+}
+inline hipError_t hipGetLastError() { return hipSuccess; }
