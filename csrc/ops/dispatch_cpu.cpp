@@ -4,6 +4,7 @@
 #include <torch/library.h>
 
 #include "../cpu/decode_cpu.h"
+#include "check.h"
 #include "validation.h"
 
 namespace mla_decode {

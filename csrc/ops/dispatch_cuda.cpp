@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include "../cuda/decode_launch.h"
+#include "check.h"
 #include "validation.h"
 
 namespace mla_decode {
@@ -29,7 +30,7 @@ void decode_out_cuda(const at::Tensor& q, const at::Tensor& kv_cache, const c10:
   if (ws_bytes > 0) workspace = at::empty({static_cast<int64_t>(ws_bytes)}, q.options().dtype(at::kByte));
   const cudaError_t err = cuda::launch_decode(p, plan, ws_bytes > 0 ? workspace.data_ptr() : nullptr,
                                               at::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == cudaSuccess, "mla_decode: the decode kernel failed to launch on ", q.device(), ": ",
+  MLA_CHECK(err == cudaSuccess, "mla_decode: the decode kernel failed to launch on ", q.device(), ": ",
               cudaGetErrorString(err), " (format ", format_name(p.format), ", ", p.total_q, " query tokens, ",
               p.num_heads, " heads, ", plan.num_splits, " splits).");
 }

@@ -1,11 +1,12 @@
 #include "validation.h"
 
+#include "check.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>
 #include <limits>
-#include <sstream>
 #include <string>
 
 namespace mla_decode {
@@ -13,11 +14,7 @@ namespace {
 
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 
-std::string shape_str(const at::Tensor& t) {
-  std::ostringstream os;
-  os << t.sizes();
-  return os.str();
-}
+std::string shape_str(const at::Tensor& t) { return detail::message(t.sizes()); }
 
 bool is_fp8(at::ScalarType t) {
   return t == at::ScalarType::Float8_e4m3fn || t == at::ScalarType::Float8_e4m3fnuz;
@@ -28,23 +25,23 @@ bool is_byte_like(at::ScalarType t) {
 }
 
 void check_same_device(const at::Tensor& t, const at::Tensor& q, const char* name) {
-  TORCH_CHECK(t.device() == q.device(), "mla_decode: ", name, " must be on the same device as q (",
+  MLA_CHECK(t.device() == q.device(), "mla_decode: ", name, " must be on the same device as q (",
               q.device(), "), but it is on ", t.device(), ".");
 }
 
 void check_int32_vector(const at::Tensor& t, const at::Tensor& q, const char* name,
                         int64_t expected_len /* -1: any */) {
   check_same_device(t, q, name);
-  TORCH_CHECK(t.scalar_type() == at::kInt, "mla_decode: ", name, " must be int32, but it is ",
+  MLA_CHECK(t.scalar_type() == at::kInt, "mla_decode: ", name, " must be int32, but it is ",
               t.scalar_type(), ".");
-  TORCH_CHECK(t.dim() == 1, "mla_decode: ", name, " must be 1-D, but it has shape ", shape_str(t),
+  MLA_CHECK(t.dim() == 1, "mla_decode: ", name, " must be 1-D, but it has shape ", shape_str(t),
               ".");
   if (expected_len >= 0) {
-    TORCH_CHECK(t.size(0) == expected_len, "mla_decode: ", name, " must have ", expected_len,
+    MLA_CHECK(t.size(0) == expected_len, "mla_decode: ", name, " must have ", expected_len,
                 " entries (batch size + ", (expected_len == 0 ? 0 : 1),
                 " as set by qo_indptr), but it has ", t.size(0), ".");
   }
-  TORCH_CHECK(t.stride(0) == 1 || t.size(0) <= 1, "mla_decode: ", name,
+  MLA_CHECK(t.stride(0) == 1 || t.size(0) <= 1, "mla_decode: ", name,
               " must be contiguous, but its stride is ", t.stride(0), ".");
 }
 
@@ -61,7 +58,7 @@ const char* format_name(KvFormat f) {
 }
 
 std::pair<at::Tensor, at::Tensor> allocate_outputs(const at::Tensor& q) {
-  TORCH_CHECK(q.dim() == 3, "mla_decode: q must be 3-D (total_q, num_heads, 576), but it has shape ",
+  MLA_CHECK(q.dim() == 3, "mla_decode: q must be 3-D (total_q, num_heads, 576), but it has shape ",
               shape_str(q), ".");
   auto out = at::empty({q.size(0), q.size(1), kHeadDimV}, q.options().dtype(at::kBFloat16));
   auto lse = at::empty({q.size(0), q.size(1)}, q.options().dtype(at::kFloat));
@@ -74,18 +71,18 @@ MlaDecodeParams check_and_make_params(const DecodeInputs& in, const at::Tensor& 
   MlaDecodeParams p;
 
   // ---- q ----------------------------------------------------------------------
-  TORCH_CHECK(q.defined(), "mla_decode: q is undefined.");
-  TORCH_CHECK(q.scalar_type() == at::kBFloat16, "mla_decode: q must be bfloat16, but it is ",
+  MLA_CHECK(q.defined(), "mla_decode: q is undefined.");
+  MLA_CHECK(q.scalar_type() == at::kBFloat16, "mla_decode: q must be bfloat16, but it is ",
               q.scalar_type(), ".");
-  TORCH_CHECK(q.dim() == 3, "mla_decode: q must be 3-D (total_q, num_heads, 576), but it has shape ",
+  MLA_CHECK(q.dim() == 3, "mla_decode: q must be 3-D (total_q, num_heads, 576), but it has shape ",
               shape_str(q), ".");
-  TORCH_CHECK(q.size(2) == kHeadDimQK, "mla_decode: q's last dim must be ", kHeadDimQK,
+  MLA_CHECK(q.size(2) == kHeadDimQK, "mla_decode: q's last dim must be ", kHeadDimQK,
               " (kv_lora_rank 512 + rope 64), but it is ", q.size(2), ".");
-  TORCH_CHECK(q.size(1) >= 1 && q.size(1) <= kMaxHeads, "mla_decode: q must have 1 to ", kMaxHeads,
+  MLA_CHECK(q.size(1) >= 1 && q.size(1) <= kMaxHeads, "mla_decode: q must have 1 to ", kMaxHeads,
               " heads, but it has ", q.size(1), ".");
-  TORCH_CHECK(q.stride(2) == 1, "mla_decode: q's last dim must be contiguous (stride 1), but its stride is ",
+  MLA_CHECK(q.stride(2) == 1, "mla_decode: q's last dim must be contiguous (stride 1), but its stride is ",
               q.stride(2), ".");
-  TORCH_CHECK(q.size(0) * q.size(1) <= kInt32Max, "mla_decode: q has ", q.size(0), " x ", q.size(1),
+  MLA_CHECK(q.size(0) * q.size(1) <= kInt32Max, "mla_decode: q has ", q.size(0), " x ", q.size(1),
               " query rows, more than the int32 limit of ", kInt32Max, ".");
   p.total_q = static_cast<int32_t>(q.size(0));
   p.num_heads = static_cast<int32_t>(q.size(1));
@@ -95,9 +92,9 @@ MlaDecodeParams check_and_make_params(const DecodeInputs& in, const at::Tensor& 
 
   // ---- qo_indptr ------------------------------------------------------------------
   const at::Tensor& qo = in.qo_indptr;
-  TORCH_CHECK(qo.defined(), "mla_decode: qo_indptr is undefined.");
+  MLA_CHECK(qo.defined(), "mla_decode: qo_indptr is undefined.");
   check_int32_vector(qo, q, "qo_indptr", -1);
-  TORCH_CHECK(qo.size(0) >= 2, "mla_decode: qo_indptr must have batch_size + 1 >= 2 entries, but it has ",
+  MLA_CHECK(qo.size(0) >= 2, "mla_decode: qo_indptr must have batch_size + 1 >= 2 entries, but it has ",
               qo.size(0), ".");
   p.batch = static_cast<int32_t>(qo.size(0) - 1);
   p.qo_indptr = qo.data_ptr<int32_t>();
@@ -105,22 +102,22 @@ MlaDecodeParams check_and_make_params(const DecodeInputs& in, const at::Tensor& 
   // ---- layout -----------------------------------------------------------------------
   const bool paged = in.block_table.has_value();
   if (paged) {
-    TORCH_CHECK(in.kv_lens.has_value(), "mla_decode: block_table was given without kv_lens; the paged layout "
+    MLA_CHECK(in.kv_lens.has_value(), "mla_decode: block_table was given without kv_lens; the paged layout "
                 "needs both (kv_lens[b] = tokens of item b).");
-    TORCH_CHECK(!in.kv_indptr.has_value() && !in.kv_indices.has_value(),
+    MLA_CHECK(!in.kv_indptr.has_value() && !in.kv_indices.has_value(),
                 "mla_decode: give either kv_indptr (with optional kv_indices) or block_table with kv_lens, "
                 "not both.");
-    TORCH_CHECK(in.page_size >= 1 && in.page_size <= (1 << 16), "mla_decode: page_size must be in [1, 65536], but it is ",
+    MLA_CHECK(in.page_size >= 1 && in.page_size <= (1 << 16), "mla_decode: page_size must be in [1, 65536], but it is ",
                 in.page_size, ".");
     const at::Tensor& bt = *in.block_table;
     check_same_device(bt, q, "block_table");
-    TORCH_CHECK(bt.scalar_type() == at::kInt, "mla_decode: block_table must be int32, but it is ",
+    MLA_CHECK(bt.scalar_type() == at::kInt, "mla_decode: block_table must be int32, but it is ",
                 bt.scalar_type(), ".");
-    TORCH_CHECK(bt.dim() == 2 && bt.size(0) == p.batch, "mla_decode: block_table must have shape (batch_size=",
+    MLA_CHECK(bt.dim() == 2 && bt.size(0) == p.batch, "mla_decode: block_table must have shape (batch_size=",
                 p.batch, ", max_pages), but it has shape ", shape_str(bt), ".");
-    TORCH_CHECK(bt.stride(1) == 1 || bt.size(1) <= 1, "mla_decode: block_table rows must be contiguous, but its "
+    MLA_CHECK(bt.stride(1) == 1 || bt.size(1) <= 1, "mla_decode: block_table rows must be contiguous, but its "
                 "column stride is ", bt.stride(1), ".");
-    TORCH_CHECK(bt.size(1) * in.page_size <= kInt32Max, "mla_decode: block_table covers ", bt.size(1), " pages of ",
+    MLA_CHECK(bt.size(1) * in.page_size <= kInt32Max, "mla_decode: block_table covers ", bt.size(1), " pages of ",
                 in.page_size, " tokens per item, more than the int32 limit.");
     check_int32_vector(*in.kv_lens, q, "kv_lens", p.batch);
     p.layout = KvLayout::kPaged;
@@ -130,11 +127,11 @@ MlaDecodeParams check_and_make_params(const DecodeInputs& in, const at::Tensor& 
     p.max_pages_per_seq = static_cast<int32_t>(bt.size(1));
     p.kv_lens = in.kv_lens->data_ptr<int32_t>();
   } else {
-    TORCH_CHECK(in.kv_indptr.has_value(), "mla_decode: neither kv_indptr nor block_table was given; pass "
+    MLA_CHECK(in.kv_indptr.has_value(), "mla_decode: neither kv_indptr nor block_table was given; pass "
                 "kv_indptr (batch_size + 1 int32) or block_table with kv_lens.");
-    TORCH_CHECK(!in.kv_lens.has_value(), "mla_decode: kv_lens is only used with block_table; with kv_indptr "
+    MLA_CHECK(!in.kv_lens.has_value(), "mla_decode: kv_lens is only used with block_table; with kv_indptr "
                 "the lengths are kv_indptr[b+1] - kv_indptr[b].");
-    TORCH_CHECK(in.page_size == 1, "mla_decode: page_size must be 1 with kv_indptr (rows are tokens), but it is ",
+    MLA_CHECK(in.page_size == 1, "mla_decode: page_size must be 1 with kv_indptr (rows are tokens), but it is ",
                 in.page_size, "; use block_table for paged caches.");
     check_int32_vector(*in.kv_indptr, q, "kv_indptr", p.batch + 1);
     p.kv_indptr = in.kv_indptr->data_ptr<int32_t>();
@@ -149,7 +146,7 @@ MlaDecodeParams check_and_make_params(const DecodeInputs& in, const at::Tensor& 
 
   // ---- cache --------------------------------------------------------------------------
   const at::Tensor& kv = in.kv_cache;
-  TORCH_CHECK(kv.defined(), "mla_decode: kv_cache is undefined.");
+  MLA_CHECK(kv.defined(), "mla_decode: kv_cache is undefined.");
   check_same_device(kv, q, "kv_cache");
   const auto kv_dtype = kv.scalar_type();
   int64_t row_elems;
@@ -167,14 +164,14 @@ MlaDecodeParams check_and_make_params(const DecodeInputs& in, const at::Tensor& 
     p.format = KvFormat::kMxfp4;
     row_elems = kMxfp4RowBytes;
   } else {
-    TORCH_CHECK(false, "mla_decode: kv_cache must be bfloat16, float8_e4m3fn, float8_e4m3fnuz, or uint8 / "
+    MLA_CHECK(false, "mla_decode: kv_cache must be bfloat16, float8_e4m3fn, float8_e4m3fnuz, or uint8 / "
                 "float4_e2m1fn_x2 (MXFP4), but it is ", kv_dtype, ".");
   }
-  TORCH_CHECK(kv.dim() >= 2 && kv.dim() <= 4, "mla_decode: kv_cache must be 2-D (rows, D), 3-D (rows, 1, D) or "
+  MLA_CHECK(kv.dim() >= 2 && kv.dim() <= 4, "mla_decode: kv_cache must be 2-D (rows, D), 3-D (rows, 1, D) or "
               "(pages, page_size, D), or 4-D (pages, page_size, 1, D), but it has shape ", shape_str(kv), ".");
-  TORCH_CHECK(kv.size(-1) == row_elems, "mla_decode: a ", format_name(p.format), " kv_cache must have ",
+  MLA_CHECK(kv.size(-1) == row_elems, "mla_decode: a ", format_name(p.format), " kv_cache must have ",
               row_elems, " elements per row (last dim), but it has ", kv.size(-1), ".");
-  TORCH_CHECK(kv.stride(-1) == 1, "mla_decode: kv_cache's last dim must be contiguous (stride 1), but its stride is ",
+  MLA_CHECK(kv.stride(-1) == 1, "mla_decode: kv_cache's last dim must be contiguous (stride 1), but its stride is ",
               kv.stride(-1), ".");
   // Reduce to evenly strided token rows: (num_rows, row_elems) with one stride.
   int64_t row_stride;
@@ -187,87 +184,87 @@ MlaDecodeParams check_and_make_params(const DecodeInputs& in, const at::Tensor& 
     num_rows = kv.size(0);
   } else {
     // (pages, page_size, [1,] D)
-    TORCH_CHECK(paged, "mla_decode: kv_cache of shape ", shape_str(kv), " is paged (pages, page_size, ...) but no "
+    MLA_CHECK(paged, "mla_decode: kv_cache of shape ", shape_str(kv), " is paged (pages, page_size, ...) but no "
                 "block_table was given; pass (rows, D) or (rows, 1, D) with kv_indptr.");
-    TORCH_CHECK(kv.size(1) == in.page_size, "mla_decode: kv_cache's dim 1 is the page size (", in.page_size,
+    MLA_CHECK(kv.size(1) == in.page_size, "mla_decode: kv_cache's dim 1 is the page size (", in.page_size,
                 "), but it is ", kv.size(1), ".");
     if (kv.dim() == 4) {
-      TORCH_CHECK(kv.size(2) == 1, "mla_decode: a 4-D kv_cache must be (pages, page_size, 1, D) with one KV head, "
+      MLA_CHECK(kv.size(2) == 1, "mla_decode: a 4-D kv_cache must be (pages, page_size, 1, D) with one KV head, "
                   "but dim 2 is ", kv.size(2), ".");
     }
     row_stride = kv.stride(1);
-    TORCH_CHECK(kv.size(0) <= 1 || kv.stride(0) == in.page_size * row_stride,
+    MLA_CHECK(kv.size(0) <= 1 || kv.stride(0) == in.page_size * row_stride,
                 "mla_decode: kv_cache pages must be evenly strided token rows (page stride = page_size x row "
                 "stride = ", in.page_size * row_stride, "), but the page stride is ", kv.stride(0), ".");
     num_rows = kv.size(0) * kv.size(1);
   }
-  TORCH_CHECK(num_rows <= 1 || row_stride >= row_elems, "mla_decode: kv_cache rows overlap (row stride ", row_stride,
+  MLA_CHECK(num_rows <= 1 || row_stride >= row_elems, "mla_decode: kv_cache rows overlap (row stride ", row_stride,
               " < ", row_elems, " elements per row).");
-  TORCH_CHECK(num_rows <= kInt32Max, "mla_decode: kv_cache has ", num_rows, " token rows, more than the int32 "
+  MLA_CHECK(num_rows <= kInt32Max, "mla_decode: kv_cache has ", num_rows, " token rows, more than the int32 "
               "index limit of ", kInt32Max, ".");
   p.kv = kv.data_ptr();
   p.kv_row_stride_bytes = row_stride * elem_bytes;
   p.num_cache_rows = num_rows;
   if (!kv.is_cpu()) {
     // The GPU kernels move 16-byte chunks of rows and of q.
-    TORCH_CHECK(reinterpret_cast<uintptr_t>(p.kv) % 16 == 0 && (num_rows <= 1 || p.kv_row_stride_bytes % 16 == 0),
+    MLA_CHECK(reinterpret_cast<uintptr_t>(p.kv) % 16 == 0 && (num_rows <= 1 || p.kv_row_stride_bytes % 16 == 0),
                 "mla_decode: on the GPU, kv_cache rows must start on 16-byte boundaries, but the row stride is ",
                 p.kv_row_stride_bytes, " bytes and the data pointer is ", reinterpret_cast<uintptr_t>(p.kv) % 16,
                 " bytes past a boundary.");
-    TORCH_CHECK(reinterpret_cast<uintptr_t>(p.q) % 16 == 0 && p.q_stride_token % 8 == 0 && p.q_stride_head % 8 == 0,
+    MLA_CHECK(reinterpret_cast<uintptr_t>(p.q) % 16 == 0 && p.q_stride_token % 8 == 0 && p.q_stride_head % 8 == 0,
                 "mla_decode: on the GPU, q's rows must start on 16-byte boundaries (strides multiple of 8 elements), "
                 "but its strides are (", p.q_stride_token, ", ", p.q_stride_head, ", 1).");
   }
 
   // ---- kv_scale -------------------------------------------------------------------------
   if (p.format == KvFormat::kBf16) {
-    TORCH_CHECK(!in.kv_scale.has_value(), "mla_decode: kv_scale must be None for a bfloat16 kv_cache.");
+    MLA_CHECK(!in.kv_scale.has_value(), "mla_decode: kv_scale must be None for a bfloat16 kv_cache.");
   } else if (p.format == KvFormat::kMxfp4) {
-    TORCH_CHECK(in.kv_scale.has_value(), "mla_decode: an MXFP4 kv_cache needs kv_scale, the E8M0 block scales "
+    MLA_CHECK(in.kv_scale.has_value(), "mla_decode: an MXFP4 kv_cache needs kv_scale, the E8M0 block scales "
                 "(rows >= ", num_rows, ", columns >= ", kMxBlocksPerRow, ").");
     const at::Tensor& s = *in.kv_scale;
     check_same_device(s, q, "kv_scale");
-    TORCH_CHECK(s.scalar_type() == at::kByte || s.scalar_type() == at::ScalarType::Float8_e8m0fnu,
+    MLA_CHECK(s.scalar_type() == at::kByte || s.scalar_type() == at::ScalarType::Float8_e8m0fnu,
                 "mla_decode: MXFP4 kv_scale must be uint8 or float8_e8m0fnu, but it is ", s.scalar_type(), ".");
-    TORCH_CHECK(s.dim() == 2, "mla_decode: MXFP4 kv_scale must be 2-D (rows, blocks), but it has shape ",
+    MLA_CHECK(s.dim() == 2, "mla_decode: MXFP4 kv_scale must be 2-D (rows, blocks), but it has shape ",
                 shape_str(s), ".");
-    TORCH_CHECK(s.size(0) >= num_rows && s.size(1) >= kMxBlocksPerRow, "mla_decode: MXFP4 kv_scale must have at "
+    MLA_CHECK(s.size(0) >= num_rows && s.size(1) >= kMxBlocksPerRow, "mla_decode: MXFP4 kv_scale must have at "
                 "least ", num_rows, " rows and ", kMxBlocksPerRow, " columns, but it has shape ", shape_str(s), ".");
     p.mx_scale = reinterpret_cast<const uint8_t*>(s.data_ptr());
     p.mx_scale_stride_row = s.stride(0);
     p.mx_scale_stride_col = s.stride(1);
   } else {
-    TORCH_CHECK(in.kv_scale.has_value(), "mla_decode: an fp8 kv_cache needs kv_scale, a float32 tensor of shape (1,) "
+    MLA_CHECK(in.kv_scale.has_value(), "mla_decode: an fp8 kv_cache needs kv_scale, a float32 tensor of shape (1,) "
                 "holding the per-tensor dequantisation scale.");
     const at::Tensor& s = *in.kv_scale;
     check_same_device(s, q, "kv_scale");
-    TORCH_CHECK(s.scalar_type() == at::kFloat, "mla_decode: fp8 kv_scale must be float32, but it is ",
+    MLA_CHECK(s.scalar_type() == at::kFloat, "mla_decode: fp8 kv_scale must be float32, but it is ",
                 s.scalar_type(), ".");
-    TORCH_CHECK(s.numel() == 1, "mla_decode: fp8 kv_scale must hold one value (per-tensor scale), but it has shape ",
+    MLA_CHECK(s.numel() == 1, "mla_decode: fp8 kv_scale must hold one value (per-tensor scale), but it has shape ",
                 shape_str(s), ".");
     p.fp8_scale = s.data_ptr<float>();
   }
 
   // ---- scalars ----------------------------------------------------------------------------
-  TORCH_CHECK(std::isfinite(in.sm_scale) && in.sm_scale != 0.0, "mla_decode: sm_scale must be finite and nonzero, "
+  MLA_CHECK(std::isfinite(in.sm_scale) && in.sm_scale != 0.0, "mla_decode: sm_scale must be finite and nonzero, "
               "but it is ", in.sm_scale, ".");
   p.sm_scale = static_cast<float>(in.sm_scale);
-  TORCH_CHECK(in.num_splits >= 0 && in.num_splits <= kMaxNumSplits, "mla_decode: num_splits must be in [0, ",
+  MLA_CHECK(in.num_splits >= 0 && in.num_splits <= kMaxNumSplits, "mla_decode: num_splits must be in [0, ",
               kMaxNumSplits, "] (0 = automatic), but it is ", in.num_splits, ".");
 
   // ---- outputs ------------------------------------------------------------------------------
-  TORCH_CHECK(out.defined() && lse.defined(), "mla_decode: out and lse must be defined.");
+  MLA_CHECK(out.defined() && lse.defined(), "mla_decode: out and lse must be defined.");
   check_same_device(out, q, "out");
   check_same_device(lse, q, "lse");
-  TORCH_CHECK(out.scalar_type() == at::kBFloat16, "mla_decode: out must be bfloat16, but it is ", out.scalar_type(),
+  MLA_CHECK(out.scalar_type() == at::kBFloat16, "mla_decode: out must be bfloat16, but it is ", out.scalar_type(),
               ".");
-  TORCH_CHECK(out.dim() == 3 && out.size(0) == q.size(0) && out.size(1) == q.size(1) && out.size(2) == kHeadDimV,
+  MLA_CHECK(out.dim() == 3 && out.size(0) == q.size(0) && out.size(1) == q.size(1) && out.size(2) == kHeadDimV,
               "mla_decode: out must have shape (", q.size(0), ", ", q.size(1), ", ", kHeadDimV, "), but it has shape ",
               shape_str(out), ".");
-  TORCH_CHECK(out.stride(2) == 1, "mla_decode: out's last dim must be contiguous, but its stride is ", out.stride(2),
+  MLA_CHECK(out.stride(2) == 1, "mla_decode: out's last dim must be contiguous, but its stride is ", out.stride(2),
               ".");
-  TORCH_CHECK(lse.scalar_type() == at::kFloat, "mla_decode: lse must be float32, but it is ", lse.scalar_type(), ".");
-  TORCH_CHECK(lse.dim() == 2 && lse.size(0) == q.size(0) && lse.size(1) == q.size(1), "mla_decode: lse must have "
+  MLA_CHECK(lse.scalar_type() == at::kFloat, "mla_decode: lse must be float32, but it is ", lse.scalar_type(), ".");
+  MLA_CHECK(lse.dim() == 2 && lse.size(0) == q.size(0) && lse.size(1) == q.size(1), "mla_decode: lse must have "
               "shape (", q.size(0), ", ", q.size(1), "), but it has shape ", shape_str(lse), ".");
   p.out = out.data_ptr();
   p.out_stride_token = out.stride(0);
@@ -280,46 +277,46 @@ MlaDecodeParams check_and_make_params(const DecodeInputs& in, const at::Tensor& 
 
 void check_index_values(const DecodeInputs& in, const MlaDecodeParams& p) {
   const int32_t* qo = p.qo_indptr;
-  TORCH_CHECK(qo[0] == 0, "mla_decode: qo_indptr[0] must be 0, but it is ", qo[0], ".");
+  MLA_CHECK(qo[0] == 0, "mla_decode: qo_indptr[0] must be 0, but it is ", qo[0], ".");
   for (int b = 0; b < p.batch; ++b) {
-    TORCH_CHECK(qo[b + 1] >= qo[b], "mla_decode: qo_indptr must be non-decreasing, but qo_indptr[", b + 1, "] = ",
+    MLA_CHECK(qo[b + 1] >= qo[b], "mla_decode: qo_indptr must be non-decreasing, but qo_indptr[", b + 1, "] = ",
                 qo[b + 1], " < qo_indptr[", b, "] = ", qo[b], ".");
   }
-  TORCH_CHECK(qo[p.batch] == p.total_q, "mla_decode: qo_indptr[-1] must equal q.size(0) = ", p.total_q,
+  MLA_CHECK(qo[p.batch] == p.total_q, "mla_decode: qo_indptr[-1] must equal q.size(0) = ", p.total_q,
               ", but it is ", qo[p.batch], ".");
 
   if (p.layout == KvLayout::kPaged) {
     const int64_t num_pages = p.num_cache_rows / p.page_size;
     for (int b = 0; b < p.batch; ++b) {
       const int32_t len = p.kv_lens[b];
-      TORCH_CHECK(len >= 0 && static_cast<int64_t>(len) <= static_cast<int64_t>(p.max_pages_per_seq) * p.page_size,
+      MLA_CHECK(len >= 0 && static_cast<int64_t>(len) <= static_cast<int64_t>(p.max_pages_per_seq) * p.page_size,
                   "mla_decode: kv_lens[", b, "] = ", len, " must be in [0, max_pages x page_size = ",
                   static_cast<int64_t>(p.max_pages_per_seq) * p.page_size, "].");
       const int32_t pages = (len + p.page_size - 1) / p.page_size;
       const int32_t* row = p.block_table + b * p.block_table_stride;
       for (int i = 0; i < pages; ++i) {
-        TORCH_CHECK(row[i] >= 0 && row[i] < num_pages, "mla_decode: block_table[", b, "][", i, "] = ", row[i],
+        MLA_CHECK(row[i] >= 0 && row[i] < num_pages, "mla_decode: block_table[", b, "][", i, "] = ", row[i],
                     " is not a page of kv_cache (", num_pages, " pages).");
       }
     }
     return;
   }
   const int32_t* kp = p.kv_indptr;
-  TORCH_CHECK(kp[0] >= 0, "mla_decode: kv_indptr[0] must be >= 0, but it is ", kp[0], ".");
+  MLA_CHECK(kp[0] >= 0, "mla_decode: kv_indptr[0] must be >= 0, but it is ", kp[0], ".");
   for (int b = 0; b < p.batch; ++b) {
-    TORCH_CHECK(kp[b + 1] >= kp[b], "mla_decode: kv_indptr must be non-decreasing, but kv_indptr[", b + 1, "] = ",
+    MLA_CHECK(kp[b + 1] >= kp[b], "mla_decode: kv_indptr must be non-decreasing, but kv_indptr[", b + 1, "] = ",
                 kp[b + 1], " < kv_indptr[", b, "] = ", kp[b], ".");
   }
   if (p.layout == KvLayout::kIndptr) {
-    TORCH_CHECK(kp[p.batch] <= p.num_cache_rows, "mla_decode: kv_indptr[-1] = ", kp[p.batch],
+    MLA_CHECK(kp[p.batch] <= p.num_cache_rows, "mla_decode: kv_indptr[-1] = ", kp[p.batch],
                 " exceeds the kv_cache's ", p.num_cache_rows, " rows.");
     return;
   }
-  TORCH_CHECK(kp[p.batch] <= p.num_kv_indices, "mla_decode: kv_indptr[-1] = ", kp[p.batch],
+  MLA_CHECK(kp[p.batch] <= p.num_kv_indices, "mla_decode: kv_indptr[-1] = ", kp[p.batch],
               " exceeds the length of kv_indices (", p.num_kv_indices, ").");
   for (int64_t i = kp[0]; i < kp[p.batch]; ++i) {
     const int32_t r = p.kv_indices[i];
-    TORCH_CHECK(r >= 0 && r < p.num_cache_rows, "mla_decode: kv_indices[", i, "] = ", r,
+    MLA_CHECK(r >= 0 && r < p.num_cache_rows, "mla_decode: kv_indices[", i, "] = ", r,
                 " is not a row of kv_cache (", p.num_cache_rows, " rows).");
   }
   (void)in;

@@ -312,6 +312,7 @@ int check(const Case& c, const Problem& pr, int splits) {
 }  // namespace
 
 int main() {
+  setvbuf(stdout, nullptr, _IOLBF, 0);  // keep the lines printed before a crash
   using F = KvFormat;
   using L = KvLayout;
   std::vector<Case> cases;
