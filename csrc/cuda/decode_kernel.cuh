@@ -17,11 +17,12 @@
 //      (bf16) and the rescale factor alpha.
 //   3. PV, split over the value dim: warp w owns dims [64w, 64w+64) and
 //      accumulates O (16 x 64 fp32 = 32 registers per thread).
-// fp8 and MXFP4 rows are dequantised in registers right before each mma
-// (never to bf16 in global memory). Because a k-step's dims and a value
-// tile's columns may be permuted freely (consistently for both operands),
-// each format uses the mapping that makes its smem reads wide and its
-// conversions cheap; the output store undoes the column permutation.
+// fp8 and MXFP4 rows are dequantised in registers by the QK warps right
+// before their mma (never to bf16 in global memory); the QK warps also store
+// the decoded rows to a shared-memory tile, from which PV reads V with
+// ldmatrix.trans exactly as the bf16 path reads the raw cache, so each element
+// is decoded once. (A k-step's dims may be permuted freely, consistently for
+// Q and K: each format uses the order that makes its conversion cheapest.)
 //
 // mma.sync m16n8k16 fragments (g = lane / 4, c = lane % 4):
 //   A (16x16): a0 = (row g,   k 2c..2c+1)   a1 = (row g+8, k 2c..2c+1)
@@ -64,17 +65,17 @@ struct FormatTraits<KvFormat::kBf16> {
 template <>
 struct FormatTraits<KvFormat::kFp8E4M3FN> {
   static constexpr int kRowBytes = 576;
-  static constexpr int kStages = 4;
+  static constexpr int kStages = 3;
 };
 template <>
 struct FormatTraits<KvFormat::kFp8E4M3FNUZ> {
   static constexpr int kRowBytes = 576;
-  static constexpr int kStages = 4;
+  static constexpr int kStages = 3;
 };
 template <>
 struct FormatTraits<KvFormat::kMxfp4> {
   static constexpr int kRowBytes = 288;
-  static constexpr int kStages = 6;
+  static constexpr int kStages = 4;
 };
 
 template <KvFormat F>
@@ -86,7 +87,13 @@ struct SmemLayout {
   static constexpr int kKvOffset = 0;
   static constexpr int kScaleOffset = kKvOffset + kStages * kStageBytes;
   static constexpr int kScaleBytes = (F == KvFormat::kMxfp4) ? kStages * kBlockN * kScaleStride * 2 : 0;
-  static constexpr int kFlagOffset = kScaleOffset + kScaleBytes;
+  // Quantised formats: the QK warps write the K rows they decoded (bf16 or
+  // fp16, 576 values + 16 bytes of padding per token) here, and PV reads V
+  // from it, so every cache element is decoded once.
+  static constexpr int kDecRowSmem = 2 * kHeadDimQK + 16;
+  static constexpr int kDecOffset = kScaleOffset + kScaleBytes;
+  static constexpr int kDecBytes = (F == KvFormat::kBf16) ? 0 : kBlockN * kDecRowSmem;
+  static constexpr int kFlagOffset = kDecOffset + kDecBytes;
   static constexpr int kFlagBytes = kStages * kBlockN * 4;
   static constexpr int kRedOffset = kFlagOffset + kFlagBytes;
   static constexpr int kRedBytes = kDimGroups * kTileRows * kRedStride * 4;
@@ -105,45 +112,20 @@ __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; 
 // ---------------------------------------------------------------------------
 // Stores one row-half (half 0: row g, half 1: row g+8) of the PV accumulator
 // to 512 contiguous values at `dst` (bf16 when OutT == __nv_bfloat16, else
-// fp32), multiplied by `scale`, undoing the format's column permutation.
-template <KvFormat F, typename OutT>
+// fp32), multiplied by `scale`. n-tile j of warp w holds dims 64w + 8j + n,
+// and a thread's C fragment holds columns n = 2c, 2c+1.
+template <typename OutT>
 __device__ __forceinline__ void store_row(const float (&o)[kVTiles][4], int half, float scale, OutT* dst, int warp,
                                           int c) {
   const int r0 = 2 * half;
-  auto put = [&](int dim, float v0, float v1) {
+#pragma unroll
+  for (int j = 0; j < kVTiles; ++j) {
+    const int dim = kVDimsPerWarp * warp + 8 * j + 2 * c;
+    const float v0 = o[j][r0] * scale, v1 = o[j][r0 + 1] * scale;
     if constexpr (sizeof(OutT) == 2) {
-      *reinterpret_cast<__nv_bfloat162*>(dst + dim) = __floats2bfloat162_rn(v0 * scale, v1 * scale);
+      *reinterpret_cast<__nv_bfloat162*>(dst + dim) = __floats2bfloat162_rn(v0, v1);
     } else {
-      *reinterpret_cast<float2*>(dst + dim) = make_float2(v0 * scale, v1 * scale);
-    }
-  };
-  if constexpr (F == KvFormat::kBf16) {
-    // n-tile j: dims 64w + 8j + {2c, 2c+1}
-#pragma unroll
-    for (int j = 0; j < kVTiles; ++j) put(kVDimsPerWarp * warp + 8 * j + 2 * c, o[j][r0], o[j][r0 + 1]);
-  } else if constexpr (F == KvFormat::kMxfp4) {
-    // n-tile 8q+i, column n: dim 64w + 64q + 8n + i -> cols 2c, 2c+1 give dims
-    // base + 16c + i and base + 16c + 8 + i.
-#pragma unroll
-    for (int q = 0; q < kVDimsPerWarp / 64; ++q) {
-      const int base = kVDimsPerWarp * warp + 64 * q + 16 * c;
-#pragma unroll
-      for (int i = 0; i < 8; i += 2) {
-        put(base + i, o[8 * q + i][r0], o[8 * q + i + 1][r0]);
-        put(base + 8 + i, o[8 * q + i][r0 + 1], o[8 * q + i + 1][r0 + 1]);
-      }
-    }
-  } else {
-    // fp8: n-tile 4q+i, column n: dim 64w + 32q + 4n + i -> cols 2c, 2c+1 give
-    // dims base + 8c + i and base + 8c + 4 + i.
-#pragma unroll
-    for (int q = 0; q < kVDimsPerWarp / 32; ++q) {
-      const int base = kVDimsPerWarp * warp + 32 * q + 8 * c;
-#pragma unroll
-      for (int i = 0; i < 4; i += 2) {
-        put(base + i, o[4 * q + i][r0], o[4 * q + i + 1][r0]);
-        put(base + 4 + i, o[4 * q + i][r0 + 1], o[4 * q + i + 1][r0 + 1]);
-      }
+      *reinterpret_cast<float2*>(dst + dim) = make_float2(v0, v1);
     }
   }
 }
@@ -174,9 +156,11 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
   constexpr bool kMx = F == KvFormat::kMxfp4;
   constexpr bool kFp8 = F == KvFormat::kFp8E4M3FN || F == KvFormat::kFp8E4M3FNUZ;
   constexpr bool kF16 = kMmaF16<F>;
+  constexpr bool kDecode = F != KvFormat::kBf16;  // PV reads the decoded tile
 
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* smem_kv = smem + L::kKvOffset;
+  uint8_t* smem_dec = smem + L::kDecOffset;
   uint16_t* smem_scale = reinterpret_cast<uint16_t*>(smem + L::kScaleOffset);
   int32_t* smem_flag = reinterpret_cast<int32_t*>(smem + L::kFlagOffset);
   float* smem_red = reinterpret_cast<float*>(smem + L::kRedOffset);
@@ -404,6 +388,18 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
           b1 = e2m1_pair<1>(w, lut_lo, lut_hi, s2);  // dims (4c+1, 4c+3)
         }
         mma_m16n8k16<kF16>(s_acc[jj], qf[kk], b0, b1);
+        if constexpr (kDecode) {
+          // Dims d..d+3 of token n, in natural order, for PV.
+          uint2 nat;
+          if constexpr (kMx) {
+            nat.x = prmt(b0, b1, 0x5410);
+            nat.y = prmt(b0, b1, 0x7632);
+          } else {
+            nat.x = b0;
+            nat.y = b1;
+          }
+          *reinterpret_cast<uint2*>(smem_dec + n * L::kDecRowSmem + 2 * d) = nat;
+        }
       }
     }
     {
@@ -483,72 +479,18 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
         a[1] = *reinterpret_cast<const uint32_t*>(smem_p + (g + 8) * kPStride + tb + 2 * c);
         a[2] = *reinterpret_cast<const uint32_t*>(smem_p + g * kPStride + tb + 2 * c + 8);
         a[3] = *reinterpret_cast<const uint32_t*>(smem_p + (g + 8) * kPStride + tb + 2 * c + 8);
-        if constexpr (F == KvFormat::kBf16) {
-          const int mi = lane >> 3, ri = lane & 7;
-          const int tok = tb + ri + (mi & 1) * 8;
+        // V rows: the raw bf16 stage, or the tile the QK warps decoded.
+        const uint8_t* vsrc = kDecode ? smem_dec : stage;
+        static_assert(L::kDecRowSmem == SmemLayout<KvFormat::kBf16>::kRowSmem, "V row strides must match");
+        const int mi = lane >> 3, ri = lane & 7;
+        const int tok = tb + ri + (mi & 1) * 8;
 #pragma unroll
-          for (int q = 0; q < kVDimsPerWarp / 16; ++q) {
-            const int dim = kVDimsPerWarp * warp + 16 * q + (mi >> 1) * 8;
-            uint32_t r[4];
-            ldmatrix_x4_trans(r, smem_u32(stage + tok * L::kRowSmem + 2 * dim));
-            mma_m16n8k16<kF16>(o[2 * q], a, r[0], r[1]);
-            mma_m16n8k16<kF16>(o[2 * q + 1], a, r[2], r[3]);
-          }
-        } else if constexpr (kFp8) {
-          const uint8_t* rA = stage + (tb + 2 * c) * L::kRowSmem;
-          const uint8_t* rB = rA + L::kRowSmem;
-          const uint8_t* rC = rA + 8 * L::kRowSmem;
-          const uint8_t* rD = rC + L::kRowSmem;
-#pragma unroll
-          for (int q = 0; q < kVDimsPerWarp / 32; ++q) {
-            const int d = kVDimsPerWarp * warp + 32 * q + 4 * g;
-            const uint32_t wa = *reinterpret_cast<const uint32_t*>(rA + d);
-            const uint32_t wb = *reinterpret_cast<const uint32_t*>(rB + d);
-            const uint32_t wc = *reinterpret_cast<const uint32_t*>(rC + d);
-            const uint32_t wd = *reinterpret_cast<const uint32_t*>(rD + d);
-            const uint32_t x01 = prmt(wa, wb, 0x5140), x23 = prmt(wa, wb, 0x7362);
-            const uint32_t y01 = prmt(wc, wd, 0x5140), y23 = prmt(wc, wd, 0x7362);
-            mma_m16n8k16<kF16>(o[4 * q + 0], a, fp8x2_to_operand<F>(x01), fp8x2_to_operand<F>(y01));
-            mma_m16n8k16<kF16>(o[4 * q + 1], a, fp8x2_to_operand<F>(x01 >> 16), fp8x2_to_operand<F>(y01 >> 16));
-            mma_m16n8k16<kF16>(o[4 * q + 2], a, fp8x2_to_operand<F>(x23), fp8x2_to_operand<F>(y23));
-            mma_m16n8k16<kF16>(o[4 * q + 3], a, fp8x2_to_operand<F>(x23 >> 16), fp8x2_to_operand<F>(y23 >> 16));
-          }
-        } else {
-          const int tA = tb + 2 * c;
-          const uint8_t* rA = stage + tA * L::kRowSmem;
-          const uint8_t* rB = rA + L::kRowSmem;
-          const uint8_t* rC = rA + 8 * L::kRowSmem;
-          const uint8_t* rD = rC + L::kRowSmem;
-#pragma unroll
-          for (int q = 0; q < kVDimsPerWarp / 64; ++q) {
-            const int d = kVDimsPerWarp * warp + 64 * q + 8 * g;  // 8 codes = 4 bytes per row
-            const int blk = d / kMxBlock;
-            const uint32_t wa = *reinterpret_cast<const uint32_t*>(rA + d / 2);
-            const uint32_t wb = *reinterpret_cast<const uint32_t*>(rB + d / 2);
-            const uint32_t wc = *reinterpret_cast<const uint32_t*>(rC + d / 2);
-            const uint32_t wd = *reinterpret_cast<const uint32_t*>(rD + d / 2);
-            const uint32_t sab = static_cast<uint32_t>(scl[tA * kScaleStride + blk]) |
-                                 (static_cast<uint32_t>(scl[(tA + 1) * kScaleStride + blk]) << 16);
-            const uint32_t scd = static_cast<uint32_t>(scl[(tA + 8) * kScaleStride + blk]) |
-                                 (static_cast<uint32_t>(scl[(tA + 9) * kScaleStride + blk]) << 16);
-            // Interleave two tokens' codes so that nibbles p and p+4 are
-            // (token A, token B) at the same dim.
-            const uint32_t w1 = prmt(wa, wb, 0x6420), w2 = prmt(wa, wb, 0x7531);
-            const uint32_t v1 = prmt(wc, wd, 0x6420), v2 = prmt(wc, wd, 0x7531);
-            uint32_t w1lo, w1hi, w2lo, w2hi, v1lo, v1hi, v2lo, v2hi;
-            e2m1_lookup8(w1, w1lo, w1hi);
-            e2m1_lookup8(w2, w2lo, w2hi);
-            e2m1_lookup8(v1, v1lo, v1hi);
-            e2m1_lookup8(v2, v2lo, v2hi);
-            mma_m16n8k16<kF16>(o[8 * q + 0], a, e2m1_pair<0>(w1, w1lo, w1hi, sab), e2m1_pair<0>(v1, v1lo, v1hi, scd));
-            mma_m16n8k16<kF16>(o[8 * q + 1], a, e2m1_pair<1>(w1, w1lo, w1hi, sab), e2m1_pair<1>(v1, v1lo, v1hi, scd));
-            mma_m16n8k16<kF16>(o[8 * q + 4], a, e2m1_pair<2>(w1, w1lo, w1hi, sab), e2m1_pair<2>(v1, v1lo, v1hi, scd));
-            mma_m16n8k16<kF16>(o[8 * q + 5], a, e2m1_pair<3>(w1, w1lo, w1hi, sab), e2m1_pair<3>(v1, v1lo, v1hi, scd));
-            mma_m16n8k16<kF16>(o[8 * q + 2], a, e2m1_pair<0>(w2, w2lo, w2hi, sab), e2m1_pair<0>(v2, v2lo, v2hi, scd));
-            mma_m16n8k16<kF16>(o[8 * q + 3], a, e2m1_pair<1>(w2, w2lo, w2hi, sab), e2m1_pair<1>(v2, v2lo, v2hi, scd));
-            mma_m16n8k16<kF16>(o[8 * q + 6], a, e2m1_pair<2>(w2, w2lo, w2hi, sab), e2m1_pair<2>(v2, v2lo, v2hi, scd));
-            mma_m16n8k16<kF16>(o[8 * q + 7], a, e2m1_pair<3>(w2, w2lo, w2hi, sab), e2m1_pair<3>(v2, v2lo, v2hi, scd));
-          }
+        for (int q = 0; q < kVDimsPerWarp / 16; ++q) {
+          const int dim = kVDimsPerWarp * warp + 16 * q + (mi >> 1) * 8;
+          uint32_t r[4];
+          ldmatrix_x4_trans(r, smem_u32(vsrc + tok * L::kDecRowSmem + 2 * dim));
+          mma_m16n8k16<kF16>(o[2 * q], a, r[0], r[1]);
+          mma_m16n8k16<kF16>(o[2 * q + 1], a, r[2], r[3]);
         }
       }
     }
@@ -579,13 +521,13 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
     if (args.num_splits == 1) {
       __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(p.out) + static_cast<int64_t>(t) * p.out_stride_token +
                            static_cast<int64_t>(h) * p.out_stride_head;
-      store_row<F>(o, half, inv, dst, warp, c);
+      store_row(o, half, inv, dst, warp, c);
       if (warp == 0 && c == 0) p.lse[static_cast<int64_t>(t) * p.lse_stride_token + static_cast<int64_t>(h) * p.lse_stride_head] = lse;
     } else {
       const int64_t row = static_cast<int64_t>(t) * p.num_heads + h;
       const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
       float* dst = args.partial_out + (static_cast<int64_t>(split) * rows + row) * kHeadDimV;
-      store_row<F>(o, half, inv, dst, warp, c);
+      store_row(o, half, inv, dst, warp, c);
       if (warp == 0 && c == 0) args.partial_lse[static_cast<int64_t>(split) * rows + row] = lse;
     }
   }
