@@ -119,6 +119,24 @@ def check_cuda_archs():
     return archs
 
 
+# AMD targets the HIP kernels support: bf16 MFMA (v_mfma_f32_16x16x16bf16_1k) and
+# wave64. gfx942 (MI300) and gfx950 (MI355X) also have the fp8 convert
+# instructions; gfx90a (MI200) decodes fp8 in software.
+_ROCM_ARCHS = ("gfx90a", "gfx942", "gfx950")
+
+
+def check_rocm_archs():
+    archs = os.environ.get("PYTORCH_ROCM_ARCH")
+    if not archs:
+        archs = "gfx942"
+        os.environ["PYTORCH_ROCM_ARCH"] = archs
+    for a in re.split(r"[;\s,]+", archs.strip()):
+        if a and a.split(":")[0] not in _ROCM_ARCHS:
+            fail(f"PYTORCH_ROCM_ARCH contains {a}, but the HIP kernels need bf16 MFMA and 64-lane wavefronts "
+                 f"(CDNA2/3/4: {', '.join(_ROCM_ARCHS)}). Remove it (or build CPU-only with MLA_DECODE_HIP=0).")
+    return archs
+
+
 def build_extension():
     backend = choose_backend()
     debug = env_flag("MLA_DECODE_DEBUG") is True
@@ -148,7 +166,7 @@ def build_extension():
             nvcc_flags = ["-O0", "-g", "-lineinfo", "-std=c++17", "-DMLA_DECODE_WITH_CUDA"]
         cxx = cxx_flags + ["-DMLA_DECODE_WITH_CUDA"]
     else:
-        archs = os.environ.setdefault("PYTORCH_ROCM_ARCH", "gfx942")
+        archs = check_rocm_archs()
         print(f"mla_decode: building CPU + HIP operators for PYTORCH_ROCM_ARCH={archs}")
         nvcc_flags = ["-O3", "-std=c++17", "-DMLA_DECODE_WITH_HIP"]
         cxx = cxx_flags + ["-DMLA_DECODE_WITH_HIP"]

@@ -7,4 +7,5 @@ python3 setup.py build_ext --inplace > $OUT/build.log 2>&1 || { tail -30 $OUT/bu
 python3 -m pytest -v -p no:cacheprovider tests/test_validation.py -k cuda 2>&1 | grep -E "PASSED|FAILED|ERROR|Fatal|passed|failed" | tail -4
 python3 -m pytest -q -x -p no:cacheprovider tests --deselect tests/test_validation.py 2>&1 | tail -4
 python3 benchmarks/bench_decode.py --out $OUT/bench ${BENCH_ARGS:-} > $OUT/bench.log 2>&1; tail -${BENCH_TAIL:-12} $OUT/bench.log
+bash scripts/sass_histogram.sh > $OUT/sass_hist.txt 2>&1
 cut -d, -f3-5,10 $OUT/bench/competition.csv | paste -sd' ' 

@@ -32,6 +32,8 @@ struct DecodeLaunch {
   float* partial_lse;  // (num_splits, total_q * H)
   int32_t num_splits;
   int32_t head_groups;
+  int32_t q_per_item;  // total_q / batch when it divides evenly (a guess for the
+                       // token -> item lookup, checked on the device), else 0
 };
 
 }  // namespace cuda

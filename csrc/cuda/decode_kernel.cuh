@@ -182,20 +182,28 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
   const int t = blockIdx.x / args.head_groups;
   const int h0 = (blockIdx.x % args.head_groups) * kTileRows;
   const int split = blockIdx.y;
-  int b = 0;
-  {
+  // Item b owns token t when qo_indptr[b] <= t < qo_indptr[b+1]. Guess b from
+  // an even split of the queries (exact for the usual uniform q_len) and load
+  // the guess's query and KV bounds in one round trip; fall back to a binary
+  // search when the guess is wrong.
+  const int b_guess = args.q_per_item > 0 ? min(t / args.q_per_item, p.batch - 1) : 0;
+  int q_begin = __ldg(p.qo_indptr + b_guess);
+  int q_end = __ldg(p.qo_indptr + b_guess + 1);
+  const int kv_len_guess = kv_length(p, b_guess);
+  int b = b_guess;
+  if (t < q_begin || t >= q_end) {
     int lo = 0, hi = p.batch - 1;  // largest b with qo_indptr[b] <= t
     while (lo < hi) {
       const int mid = (lo + hi + 1) >> 1;
       if (__ldg(p.qo_indptr + mid) <= t) lo = mid; else hi = mid - 1;
     }
     b = lo;
+    q_begin = __ldg(p.qo_indptr + b);
+    q_end = __ldg(p.qo_indptr + b + 1);
   }
-  const int q_begin = __ldg(p.qo_indptr + b);
-  const int q_end = __ldg(p.qo_indptr + b + 1);
   // A token that no item owns (inconsistent qo_indptr) produces NaN, not garbage.
   const bool orphan = t < q_begin || t >= q_end;
-  const int kv_len = orphan ? 0 : kv_length(p, b);
+  const int kv_len = orphan ? 0 : (b == b_guess ? kv_len_guess : kv_length(p, b));
   const int visible = orphan ? 0 : visible_keys(kv_len, q_end - q_begin, t - q_begin);
   const int chunk = ceil_div(ceil_div(visible, args.num_splits), kBlockN) * kBlockN;
   const int kv_begin = min(split * chunk, visible);
@@ -206,70 +214,6 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
   if constexpr (kFp8) {
     // fp8 codes enter the mma unscaled; the per-tensor scale multiplies S and O.
     scale_log2 *= __ldg(p.fp8_scale);
-  }
-
-  // ---- Q fragments (registers, whole kernel) -------------------------------
-  uint32_t qf[kKStepsPerWarp][4];
-  {
-    const int hA = h0 + g, hB = h0 + g + 8;
-    const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(p.q) + static_cast<int64_t>(t) * p.q_stride_token;
-    const __nv_bfloat16* qa = q + static_cast<int64_t>(hA) * p.q_stride_head;
-    const __nv_bfloat16* qb = q + static_cast<int64_t>(hB) * p.q_stride_head;
-    const bool va = !orphan && hA < p.num_heads, vb = !orphan && hB < p.num_heads;
-#pragma unroll
-    for (int kk = 0; kk < kKStepsPerWarp; ++kk) {
-      const int d = 16 * (kKStepsPerWarp * dg + kk) + 4 * c;
-      const uint2 x = va ? *reinterpret_cast<const uint2*>(qa + d) : make_uint2(0, 0);
-      const uint2 y = vb ? *reinterpret_cast<const uint2*>(qb + d) : make_uint2(0, 0);
-      if constexpr (kMx) {
-        // K pairs are (dim 4c, 4c+2) and (4c+1, 4c+3): permute Q the same way.
-        qf[kk][0] = prmt(x.x, x.y, 0x5410);
-        qf[kk][1] = prmt(y.x, y.y, 0x5410);
-        qf[kk][2] = prmt(x.x, x.y, 0x7632);
-        qf[kk][3] = prmt(y.x, y.y, 0x7632);
-      } else {
-        qf[kk][0] = x.x;
-        qf[kk][1] = y.x;
-        qf[kk][2] = x.y;
-        qf[kk][3] = y.y;
-      }
-    }
-  }
-  if constexpr (kF16) {
-    // CTA-wide max |q| (bf16 bits compare as integers; inf/NaN excluded so a
-    // NaN head poisons only its own rows), then q * 2^e in fp16.
-    uint32_t amax = 0;
-#pragma unroll
-    for (int kk = 0; kk < kKStepsPerWarp; ++kk) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const uint32_t lo = qf[kk][r] & 0x7FFFu, hi = (qf[kk][r] >> 16) & 0x7FFFu;
-        if (lo < 0x7F80u) amax = max(amax, lo);
-        if (hi < 0x7F80u) amax = max(amax, hi);
-      }
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    uint32_t* red = reinterpret_cast<uint32_t*>(smem_alpha);
-    if (lane == 0) red[warp] = amax;
-    __syncthreads();
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) amax = max(amax, red[w]);
-    __syncthreads();  // red (smem_alpha) is reused by the softmax
-    const int amax_exp = static_cast<int>(amax >> 7);           // biased exponent of max |q|
-    const int e = amax == 0 ? 0 : min(max(141 - amax_exp, -120), 120);  // max |q| * 2^e in [2^14, 2^15)
-    const float factor = __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
-    scale_log2 *= __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
-#pragma unroll
-    for (int kk = 0; kk < kKStepsPerWarp; ++kk) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const float lo = __uint_as_float(qf[kk][r] << 16) * factor;
-        const float hi = __uint_as_float(qf[kk][r] & 0xFFFF0000u) * factor;
-        const __half2 h = __floats2half2_rn(lo, hi);
-        qf[kk][r] = *reinterpret_cast<const uint32_t*>(&h);
-      }
-    }
   }
 
   // ---- stage loader --------------------------------------------------------
@@ -335,6 +279,76 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
       store_scales(s);
     }
     cp_async_commit();
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Let the combine kernel (a programmatic dependent) start launching; it
+  // waits for this grid's completion before reading any partial.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+
+  // ---- Q fragments (registers, whole kernel; loaded after the first KV
+  // tiles are in flight so the two latencies overlap) ---------------------
+  uint32_t qf[kKStepsPerWarp][4];
+  {
+    const int hA = h0 + g, hB = h0 + g + 8;
+    const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(p.q) + static_cast<int64_t>(t) * p.q_stride_token;
+    const __nv_bfloat16* qa = q + static_cast<int64_t>(hA) * p.q_stride_head;
+    const __nv_bfloat16* qb = q + static_cast<int64_t>(hB) * p.q_stride_head;
+    const bool va = !orphan && hA < p.num_heads, vb = !orphan && hB < p.num_heads;
+#pragma unroll
+    for (int kk = 0; kk < kKStepsPerWarp; ++kk) {
+      const int d = 16 * (kKStepsPerWarp * dg + kk) + 4 * c;
+      const uint2 x = va ? *reinterpret_cast<const uint2*>(qa + d) : make_uint2(0, 0);
+      const uint2 y = vb ? *reinterpret_cast<const uint2*>(qb + d) : make_uint2(0, 0);
+      if constexpr (kMx) {
+        // K pairs are (dim 4c, 4c+2) and (4c+1, 4c+3): permute Q the same way.
+        qf[kk][0] = prmt(x.x, x.y, 0x5410);
+        qf[kk][1] = prmt(y.x, y.y, 0x5410);
+        qf[kk][2] = prmt(x.x, x.y, 0x7632);
+        qf[kk][3] = prmt(y.x, y.y, 0x7632);
+      } else {
+        qf[kk][0] = x.x;
+        qf[kk][1] = y.x;
+        qf[kk][2] = x.y;
+        qf[kk][3] = y.y;
+      }
+    }
+  }
+  if constexpr (kF16) {
+    // CTA-wide max |q| (bf16 bits compare as integers; inf/NaN excluded so a
+    // NaN head poisons only its own rows), then q * 2^e in fp16.
+    uint32_t amax = 0;
+#pragma unroll
+    for (int kk = 0; kk < kKStepsPerWarp; ++kk) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const uint32_t lo = qf[kk][r] & 0x7FFFu, hi = (qf[kk][r] >> 16) & 0x7FFFu;
+        if (lo < 0x7F80u) amax = max(amax, lo);
+        if (hi < 0x7F80u) amax = max(amax, hi);
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    uint32_t* red = reinterpret_cast<uint32_t*>(smem_alpha);
+    if (lane == 0) red[warp] = amax;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) amax = max(amax, red[w]);
+    __syncthreads();  // red (smem_alpha) is reused by the softmax
+    const int amax_exp = static_cast<int>(amax >> 7);           // biased exponent of max |q|
+    const int e = amax == 0 ? 0 : min(max(141 - amax_exp, -120), 120);  // max |q| * 2^e in [2^14, 2^15)
+    const float factor = __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
+    scale_log2 *= __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
+#pragma unroll
+    for (int kk = 0; kk < kKStepsPerWarp; ++kk) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float lo = __uint_as_float(qf[kk][r] << 16) * factor;
+        const float hi = __uint_as_float(qf[kk][r] & 0xFFFF0000u) * factor;
+        const __half2 h = __floats2half2_rn(lo, hi);
+        qf[kk][r] = *reinterpret_cast<const uint32_t*>(&h);
+      }
+    }
   }
 
   float o[kVTiles][4];

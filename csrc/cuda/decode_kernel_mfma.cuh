@@ -126,9 +126,20 @@ struct Fmt {
 #else
   static constexpr bool kNativeOcp = false;
 #endif
-  // The target's fp8 convert instruction decodes exactly this flavour.
-  static constexpr bool kNativeFp8 =
-      (F == KvFormat::kFp8E4M3FNUZ && kNativeFnuz) || (F == KvFormat::kFp8E4M3FN && kNativeOcp);
+  // fp8 through the target's convert instruction (v_cvt_pk_f32_fp8: fnuz on
+  // gfx942, OCP on gfx950). The two e4m3 flavours share every bit pattern but
+  // three: an OCP value is exactly twice the fnuz value of the same byte
+  // (bias 7 vs 8, subnormals included), except 0x80 (OCP -0, fnuz NaN) and
+  // 0x7F / 0xFF (OCP NaN, fnuz +-240). So the other flavour is decoded in the
+  // hardware's units (value / kFp8Ratio, exact), kFp8Ratio is folded into the
+  // per-tensor scale, and the rare words holding one of the three bytes take
+  // the scalar decoders of formats.h.
+  static constexpr bool kHwFp8 = kFp8 && (kNativeFnuz || kNativeOcp);
+  static constexpr float kFp8Ratio = !kHwFp8                                        ? 1.f
+                                     : (F == KvFormat::kFp8E4M3FN && kNativeFnuz)   ? 2.f
+                                     : (F == KvFormat::kFp8E4M3FNUZ && kNativeOcp)  ? 0.5f
+                                                                                    : 1.f;
+  static constexpr bool kFp8Fixups = kHwFp8 && kFp8Ratio != 1.f;
 };
 // MXFP4: a 16-byte chunk is 32 codes = exactly one E8M0 block.
 static_assert(Fmt<KvFormat::kMxfp4>::kElemsPerChunk == kMxBlock, "one MX block per chunk");
@@ -165,29 +176,90 @@ __device__ __forceinline__ uint32_t pack_exact(float lo, float hi) {
   return (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xffff0000u);
 }
 
-// Four fp8 codes (byte i = element i) -> bf16 pairs (0,1) and (2,3).
+// Does any byte of w equal 0x80, 0x7F or 0xFF (the bytes whose meaning
+// differs between the e4m3 flavours)?
+__device__ __forceinline__ bool fp8_flavour_special(uint32_t w) {
+  const uint32_t low7 = w & 0x7f7f7f7fu;
+  const uint32_t all_ones = (low7 + 0x01010101u) & 0x80808080u;   // low 7 bits == 0x7F
+  const uint32_t neg_zero = ~(low7 + 0x7f7f7f7fu) & w & 0x80808080u;  // sign set, low 7 bits == 0
+  return (all_ones | neg_zero) != 0u;
+}
+
+// Four fp8 codes (byte i = element i) -> bf16 pairs (0,1) and (2,3), in units
+// of Fmt<F>::kFp8Ratio (1 unless the hardware decodes the other flavour).
 template <KvFormat F>
 __device__ __forceinline__ u32x2_t fp8x4_to_bf16(uint32_t w) {
+  using Fm = Fmt<F>;
   u32x2_t r;
-  if constexpr (Fmt<F>::kNativeFp8) {
+  if constexpr (Fm::kHwFp8) {
 #if defined(MLA_NATIVE_FP8_FNUZ) || defined(MLA_NATIVE_FP8_OCP)
-    // v_cvt_pk_f32_fp8: the fp8 flavour of the target (fnuz on gfx942, OCP on gfx950).
-    const f32x2_t a = __builtin_amdgcn_cvt_pk_f32_fp8(static_cast<int>(w), false);
-    const f32x2_t b = __builtin_amdgcn_cvt_pk_f32_fp8(static_cast<int>(w), true);
-    r.x = pack_exact(a.x, a.y);
-    r.y = pack_exact(b.x, b.y);
-#endif
-  } else {
-    float f[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint8_t c = static_cast<uint8_t>(w >> (8 * i));
-      f[i] = F == KvFormat::kFp8E4M3FNUZ ? e4m3fnuz_to_float(c) : e4m3fn_to_float(c);
+    if (!Fm::kFp8Fixups || !fp8_flavour_special(w)) {
+      const f32x2_t a = __builtin_amdgcn_cvt_pk_f32_fp8(static_cast<int>(w), false);
+      const f32x2_t b = __builtin_amdgcn_cvt_pk_f32_fp8(static_cast<int>(w), true);
+      r.x = pack_exact(a.x, a.y);
+      r.y = pack_exact(b.x, b.y);
+      return r;
     }
-    r.x = pack_exact(f[0], f[1]);
-    r.y = pack_exact(f[2], f[3]);
+#endif
   }
+  float f[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint8_t c = static_cast<uint8_t>(w >> (8 * i));
+    f[i] = (F == KvFormat::kFp8E4M3FNUZ ? e4m3fnuz_to_float(c) : e4m3fn_to_float(c)) * (1.f / Fm::kFp8Ratio);
+  }
+  r.x = pack_exact(f[0], f[1]);
+  r.y = pack_exact(f[2], f[3]);
   return r;
+}
+
+// v_perm_b32: byte i of the result is byte sel.byte[i] of the 8 bytes
+// {hi (bytes 4-7), lo (bytes 0-3)}; selector 0x0C gives 0x00.
+__device__ __forceinline__ uint32_t perm_bytes(uint32_t hi, uint32_t lo, uint32_t sel) {
+  return __builtin_amdgcn_perm(hi, lo, sel);
+}
+
+// 32 E2M1 codes (byte j of word k = elements 8k + 2j (low nibble) and
+// 8k + 2j + 1 (high nibble)) times 2^(e - 127) -> 16 bf16 pairs in order.
+// Exact. For 2 <= e <= 252 every non-zero result is a normal bf16 whose bits
+// are (magnitude code c: 1..7) (e << 7) + {-0x80, 0, 0x40, 0x80, 0xC0, 0x100,
+// 0x140}[c - 1] plus the sign; an 8-entry byte table per bf16 byte, looked up
+// with v_perm_b32 (4 codes per instruction), decodes a word in ~25 VALU
+// instructions. Other e (tiny or huge scales, NaN) take formats.h.
+__device__ __forceinline__ void mx_chunk_to_bf16(const u32x4_t w, uint32_t e, uint32_t (&out)[16]) {
+  if (e >= 2u && e <= 252u) {
+    const uint32_t x = e << 7;
+    const uint32_t p01 = (x - 0x80u) << 16;                  // codes 0 (zero), 1
+    const uint32_t p23 = x | ((x + 0x40u) << 16);            // codes 2, 3
+    const uint32_t p45 = (x + 0x80u) | ((x + 0xc0u) << 16);  // codes 4, 5
+    const uint32_t p67 = (x + 0x100u) | ((x + 0x140u) << 16);
+    const uint32_t lo03 = perm_bytes(p23, p01, 0x06040200u), hi03 = perm_bytes(p23, p01, 0x07050301u);
+    const uint32_t lo47 = perm_bytes(p67, p45, 0x06040200u), hi47 = perm_bytes(p67, p45, 0x07050301u);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t word = w[k];
+      const uint32_t ce = word & 0x07070707u, co = (word >> 4) & 0x07070707u;  // magnitude codes
+      const uint32_t le = perm_bytes(lo47, lo03, ce), he = perm_bytes(hi47, hi03, ce);
+      const uint32_t lo = perm_bytes(lo47, lo03, co), ho = perm_bytes(hi47, hi03, co);
+      const uint32_t e01 = perm_bytes(he, le, 0x05010400u), e23 = perm_bytes(he, le, 0x07030602u);  // even elems
+      const uint32_t o01 = perm_bytes(ho, lo, 0x05010400u), o23 = perm_bytes(ho, lo, 0x07030602u);  // odd elems
+      const uint32_t se = (word << 4) & 0x80808080u, so = word & 0x80808080u;  // sign bits, bit 7 of byte j
+      out[4 * k + 0] = perm_bytes(o01, e01, 0x05040100u) | perm_bytes(so, se, 0x040c000cu);
+      out[4 * k + 1] = perm_bytes(o01, e01, 0x07060302u) | perm_bytes(so, se, 0x050c010cu);
+      out[4 * k + 2] = perm_bytes(o23, e23, 0x05040100u) | perm_bytes(so, se, 0x060c020cu);
+      out[4 * k + 3] = perm_bytes(o23, e23, 0x07060302u) | perm_bytes(so, se, 0x070c030cu);
+    }
+  } else {
+    const float sc = e8m0_to_float(static_cast<uint8_t>(e));
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t byte = w[k] >> (8 * j);
+        out[4 * k + j] = pack_exact(e2m1_to_float(byte & 0xfu) * sc, e2m1_to_float((byte >> 4) & 0xfu) * sc);
+      }
+    }
+  }
 }
 
 // Low (hi == false) or high 16 bits of w0 and of w1, as one bf16 pair.
@@ -236,7 +308,7 @@ __global__ void __launch_bounds__(kThreads) mla_decode_split_kernel_mfma(const D
   float scale_log2 = p.sm_scale * 1.4426950408889634f;  // log2(e)
   if constexpr (kFp8) {
     // fp8 codes enter the MFMA unscaled; the per-tensor scale multiplies S and O.
-    scale_log2 *= *p.fp8_scale;
+    scale_log2 *= *p.fp8_scale * Fm::kFp8Ratio;
   }
 
   // ---- Q fragments (B operand of S^T = K Q^T), registers, whole kernel -------
@@ -304,20 +376,10 @@ __global__ void __launch_bounds__(kThreads) mla_decode_split_kernel_mfma(const D
         dst[2] = fp8x4_to_bf16<F>(w.z);
         dst[3] = fp8x4_to_bf16<F>(w.w);
       } else {
-        // 32 E2M1 codes (even element in the low nibble) times 2^(E - 127).
-        const float sc = e8m0_to_float(static_cast<uint8_t>(mx_e[s]));
+        uint32_t o[16];
+        mx_chunk_to_bf16(w, mx_e[s], o);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const uint32_t word = w[k];
-          uint32_t o[4];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const uint32_t byte = word >> (8 * j);
-            o[j] = pack_exact(e2m1_to_float(byte & 0xfu) * sc, e2m1_to_float((byte >> 4) & 0xfu) * sc);
-          }
-          dst[2 * k] = u32x2_t{o[0], o[1]};
-          dst[2 * k + 1] = u32x2_t{o[2], o[3]};
-        }
+        for (int k = 0; k < 8; ++k) dst[k] = u32x2_t{o[2 * k], o[2 * k + 1]};
       }
     }
     if (wave == 0 && lane < kBlockN) smem.flag[lane] = pf_row == -1 ? 1 : 0;
@@ -440,7 +502,7 @@ __global__ void __launch_bounds__(kThreads) mla_decode_split_kernel_mfma(const D
   const int h = h0 + col;
   if (h >= p.num_heads) return;
   float out_scale = 1.f;
-  if constexpr (kFp8) out_scale = *p.fp8_scale;
+  if constexpr (kFp8) out_scale = *p.fp8_scale * Fm::kFp8Ratio;
   const float l = smem.l[col];
   const float m = smem.m[col];
   float inv = l > 0.f ? out_scale / l : 0.f;

@@ -38,6 +38,11 @@ constexpr int kCombineUnroll = 8;
 
 __global__ void __launch_bounds__(128) combine_kernel(const MlaDecodeParams p, const float* __restrict__ partial_out,
                                                       const float* __restrict__ partial_lse, int num_splits) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent of the split kernel (sm_90+): wait
+  // here until that grid has finished and its writes are visible.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
   const int64_t row = blockIdx.x;
@@ -146,6 +151,7 @@ cudaError_t launch_decode(const MlaDecodeParams& p, const SplitPlan& plan, void*
   args.p = p;
   args.num_splits = plan.num_splits;
   args.head_groups = plan.head_groups;
+  args.q_per_item = (p.batch > 0 && p.total_q % p.batch == 0) ? p.total_q / p.batch : 0;
   args.partial_out = nullptr;
   args.partial_lse = nullptr;
   if (plan.num_splits > 1) {
@@ -163,6 +169,33 @@ cudaError_t launch_decode(const MlaDecodeParams& p, const SplitPlan& plan, void*
   }
   if (err != cudaSuccess || plan.num_splits == 1) return err;
   const unsigned blocks = static_cast<unsigned>(static_cast<int64_t>(p.total_q) * p.num_heads);
+#if !MLA_PLATFORM_HIP
+  // Programmatic dependent launch (sm_90+): the combine grid is launched while
+  // the split kernel runs and waits for it in griddepcontrol.wait, which hides
+  // the launch gap between the two kernels. Also valid inside CUDA graphs.
+  static int cc_major[64] = {0};
+  int dev = 0;
+  err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev < 64 && cc_major[dev] == 0) {
+    err = cudaDeviceGetAttribute(&cc_major[dev], cudaDevAttrComputeCapabilityMajor, dev);
+    if (err != cudaSuccess) return err;
+  }
+  if (dev < 64 && cc_major[dev] >= 9) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(128);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, combine_kernel, p, static_cast<const float*>(args.partial_out),
+                              static_cast<const float*>(args.partial_lse), static_cast<int>(plan.num_splits));
+  }
+#endif
   combine_kernel<<<blocks, 128, 0, stream>>>(p, args.partial_out, args.partial_lse, plan.num_splits);
   return cudaGetLastError();
 }

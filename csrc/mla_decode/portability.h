@@ -22,7 +22,9 @@
 //     path for anything else.
 #pragma once
 
-#if defined(__CUDACC__) || defined(__HIPCC__) || defined(__HIP_PLATFORM_AMD__)
+// Device qualifiers only under a device compiler: a ROCm build passes
+// -D__HIP_PLATFORM_AMD__ to the host compiler of the .cpp files as well.
+#if defined(__CUDACC__) || defined(__HIPCC__)
 #define MLA_HOST_DEVICE __host__ __device__
 #define MLA_DEVICE __device__
 #else

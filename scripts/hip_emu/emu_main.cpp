@@ -12,8 +12,10 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "hip/decode_kernel_mfma.cuh"  // the register dequantisers, tested directly
 #include "hip/decode_launch.h"
 #include "mla_decode/addressing_hip.h"
 #include "mla_decode/formats_hip.h"
@@ -101,6 +103,9 @@ void fill_row(Problem& pr, KvFormat f, int64_t r, bool nan_row, std::mt19937& rn
         const int e = u(rng) % (fnuz ? 10 : 9), m = u(rng) % 8, s = u(rng) % 2;
         c = static_cast<uint8_t>((s << 7) | (e << 3) | m);
         if (fnuz && c == 0x80) c = 0;
+        // Now and then the bytes whose meaning differs between the flavours
+        // (fnuz: +-240; OCP: -0), to reach the kernel's fix-up path.
+        if (u(rng) % 97 == 0) c = fnuz ? (u(rng) % 2 ? 0x7f : 0xff) : 0x80;
       }
       row[d] = c;
     }
@@ -239,7 +244,6 @@ int check(const Case& c, const Problem& pr, int splits) {
              what, got, want);
     }
   };
-  const double vmax = c.fmt == KvFormat::kBf16 ? 4.5 : c.fmt == KvFormat::kMxfp4 ? 6.0 * 4.0 : 3.75 * pr.fp8_scale;
   std::vector<double> s, o(kHeadDimV);
   for (int t = 0; t < p.total_q; ++t) {
     int b = -1;
@@ -251,7 +255,7 @@ int check(const Case& c, const Problem& pr, int splits) {
         if (out[d] != kSentinel) fail(t, h, "write past the row", out[d], kSentinel);
       }
       bool want_nan = b < 0, empty = false;
-      double ref_lse = 0;
+      double ref_lse = 0, vmax = 0;  // vmax: largest |V| among the keys the row sees
       if (!want_nan) {
         const int L = kv_length(p, b), Q = pr.qo_indptr[b + 1] - pr.qo_indptr[b];
         const int vis = visible_keys(L, Q, t - pr.qo_indptr[b]);
@@ -275,7 +279,11 @@ int check(const Case& c, const Problem& pr, int splits) {
             const double e = std::exp(s[j] - m);
             l += e;
             const int64_t r = kv_row(p, b, j);
-            for (int d = 0; d < kHeadDimV; ++d) o[d] += e * kv_value(pr, c.fmt, r, d);
+            for (int d = 0; d < kHeadDimV; ++d) {
+              const double v = kv_value(pr, c.fmt, r, d);
+              o[d] += e * v;
+              vmax = std::max(vmax, std::fabs(v));
+            }
           }
           for (double& x : o) x /= l;
           ref_lse = m + std::log(l);
@@ -306,6 +314,58 @@ int check(const Case& c, const Problem& pr, int splits) {
       }
     }
   }
+  return bad;
+}
+
+// Exhaustive checks of the kernel's register dequantisers (decode_kernel_mfma.cuh)
+// against the scalar decoders of formats.h: every fp8 byte in every position,
+// every E8M0 scale with every E2M1 code in every position. Returns failures.
+int check_decoders() {
+  int bad = 0;
+  auto bf = [](uint32_t bits16) { return bf16_bits_to_float(static_cast<uint16_t>(bits16)); };
+  auto same = [](float a, float b) { return (std::isnan(a) && std::isnan(b)) || a == b; };
+  auto fp8 = [&](auto tag) {
+    constexpr KvFormat F = decltype(tag)::value;
+    const float ratio = cuda::mfma::Fmt<F>::kFp8Ratio;
+    std::mt19937 rng(7);
+    for (int pos = 0; pos < 4; ++pos) {
+      for (uint32_t c = 0; c < 256; ++c) {
+        const uint32_t w = (rng() & ~(0xffu << (8 * pos))) | (c << (8 * pos));
+        const auto r = cuda::mfma::fp8x4_to_bf16<F>(w);
+        for (int i = 0; i < 4; ++i) {
+          const uint8_t code = static_cast<uint8_t>(w >> (8 * i));
+          const float want = F == KvFormat::kFp8E4M3FNUZ ? e4m3fnuz_to_float(code) : e4m3fn_to_float(code);
+          const float got = bf((i < 2 ? r.x : r.y) >> (16 * (i % 2))) * ratio;
+          if (!same(got, want) && ++bad <= 5) {
+            printf("    FAIL fp8 decoder %s: code 0x%02x -> %g, want %g\n", fmt_name(F), code, got, want);
+          }
+        }
+      }
+    }
+  };
+  fp8(std::integral_constant<KvFormat, KvFormat::kFp8E4M3FN>{});
+  fp8(std::integral_constant<KvFormat, KvFormat::kFp8E4M3FNUZ>{});
+  std::mt19937 rng(11);
+  for (uint32_t e = 0; e < 256; ++e) {
+    for (int rep = 0; rep < 8; ++rep) {
+      cuda::mfma::u32x4_t w;
+      for (int k = 0; k < 4; ++k) w[k] = rng();
+      if (rep == 0) w = cuda::mfma::u32x4_t{0x76543210u, 0xfedcba98u, 0x89abcdefu, 0x01234567u};
+      uint32_t out[16];
+      cuda::mfma::mx_chunk_to_bf16(w, e, out);
+      for (int d = 0; d < 32; ++d) {
+        const uint32_t nib = (w[d / 8] >> (4 * (d % 8))) & 0xf;
+        const float want = e2m1_to_float(nib) * e8m0_to_float(static_cast<uint8_t>(e));
+        const float got = bf(out[d / 2] >> (16 * (d % 2)));
+        const bool sign_ok = std::isnan(want) || std::signbit(got) == std::signbit(want);
+        if ((!same(got, want) || !sign_ok) && ++bad <= 5) {
+          printf("    FAIL mxfp4 decoder: code %u scale %u -> %g, want %g\n", nib, e, got, want);
+        }
+      }
+    }
+  }
+  printf("%s  register dequantisers: fp8 (both flavours, 1024 codes each), MXFP4 (256 scales x 16 codes)\n",
+         bad ? "FAIL" : "ok  ");
   return bad;
 }
 
@@ -369,7 +429,7 @@ int main() {
     add(c);
   }
 
-  int failed = 0;
+  int failed = check_decoders() != 0;
   for (const Case& c : cases) {
     Problem pr;
     build(c, pr);

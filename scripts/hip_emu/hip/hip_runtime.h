@@ -14,7 +14,8 @@
 //     k 4(l/16)..+3, D col l%16 rows 4(l/16)..+3), accumulating in double.
 //   * __builtin_amdgcn_cvt_pk_f32_fp8 decodes e4m3fnuz when __gfx942__ is
 //     defined and OCP e4m3fn when __gfx950__ is, with decoders written here
-//     independently of csrc/mla_decode/formats.h.
+//     independently of csrc/mla_decode/formats.h; __builtin_amdgcn_perm is
+//     v_perm_b32 as the CDNA3 ISA defines it.
 // Compile the hipified sources as C++ with -I<this dir> ahead of any real HIP
 // include path, and -D__HIPCC__ -D__HIP_PLATFORM_AMD__=1 -D__gfx942__ (or
 // -D__gfx950__). Needs clang (ext_vector_type).
@@ -298,8 +299,27 @@ inline f32x2 cvt_pk_f32_fp8(int src, bool word_sel) {
   return f32x2{fp8_decode(w & 0xff), fp8_decode((w >> 8) & 0xff)};
 }
 
+// v_perm_b32 (CDNA3 ISA): byte i of the result is byte_permute({s0, s1}, sel.byte[i]):
+// 0-7 a byte of s0:s1 (s1 = bytes 0-3), 8-11 the sign of byte 1/3/5/7 replicated,
+// 12 zero, 13+ 0xFF.
+inline uint32_t perm(uint32_t s0, uint32_t s1, uint32_t sel) {
+  const uint64_t q = (static_cast<uint64_t>(s0) << 32) | s1;
+  uint32_t d = 0;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t c = (sel >> (8 * i)) & 0xff;
+    uint32_t b;
+    if (c >= 13) b = 0xff;
+    else if (c == 12) b = 0;
+    else if (c >= 8) b = ((q >> ((c - 8) * 16 + 15)) & 1) ? 0xff : 0;
+    else b = (q >> (8 * c)) & 0xff;
+    d |= b << (8 * i);
+  }
+  return d;
+}
+
 }  // namespace emu
 
+#define __builtin_amdgcn_perm ::emu::perm
 #define threadIdx (::emu::state().fibers[::emu::state().cur].tid)
 #define blockIdx (::emu::state().block_idx)
 #define blockDim (::emu::state().block_dim)
