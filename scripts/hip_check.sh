@@ -103,9 +103,13 @@ res = hipify_python.hipify(project_directory=root, output_directory=root,
                            header_include_dirs=[os.path.join(root, "csrc")], includes=[os.path.join(root, "*")],
                            extra_files=[os.path.abspath(s) for s in srcs], show_detailed=False,
                            is_pytorch_extension=True, hipify_extra_files_only=True)
-hip = sorted(os.path.relpath(v.hipified_path, root) for k, v in res.items()
-             if k.endswith(".cu") and v.hipified_path)
-print("hip_check: hipified " + ", ".join(hip))
+# What CUDAExtension then compiles: the hipified path of each source, else the source.
+built = []
+for s in srcs:
+    r = res.get(os.path.abspath(s))
+    built.append(os.path.relpath(r.hipified_path, root) if r is not None and r.hipified_path else s)
+open("host_sources.txt", "w").write("\n".join(b for b in built if b.endswith(".cpp")) + "\n")
+print("hip_check: hipified sources a ROCm build compiles: " + ", ".join(built))
 EOF
 ) > "$tmp/hipify.log" 2>&1 || { cat "$tmp/hipify.log"; die "hipify failed"; }
 grep "^hip_check:" "$tmp/hipify.log"
@@ -170,6 +174,19 @@ for tu in $TUS; do
     --rocm-path=/usr "${DEFS[@]}" -I"$tmp/csrc" "$tmp/$tu" || die "host-side compile of $tu"
 done
 say "host side of $(echo $TUS | wc -w) TUs: ok"
+# The hipified .cpp sources, as a ROCm build compiles them: the host C++
+# compiler with torch's COMMON_HIP_FLAGS (-D__HIP_PLATFORM_AMD__=1 -DUSE_ROCM=1)
+# and setup.py's flags, against this (CPU) torch's headers. dispatch_hip.cpp
+# includes ATen/hip headers that only a ROCm torch has: not compiled here.
+CXX_HOST=${CXX:-c++}
+TORCH_INC=$("$PY" -c "from torch.utils.cpp_extension import include_paths; print(' '.join('-I' + p for p in include_paths()))")
+PY_INC=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
+ITEMS=$(grep -v 'dispatch_hip' "$tmp/host_sources.txt" | tr '\n' ' ')
+# shellcheck disable=SC2086
+parallel_each "$CXX_HOST" -std=c++17 -fsyntax-only -w -D__HIP_PLATFORM_AMD__=1 -DUSE_ROCM=1 -DMLA_DECODE_BUILD \
+    -DMLA_DECODE_WITH_HIP $TORCH_INC -I"$PY_INC" -I"$tmp/csrc" "$tmp/{}" \
+  || die "host compile of the hipified .cpp sources (as a ROCm build does)"
+say "hipified .cpp sources with the host compiler and ROCm defines: ok ($(echo $ITEMS | wc -w) files; dispatch_hip.cpp needs a ROCm torch)"
 if [ -n "${HIP_CHECK_OUT:-}" ]; then
   mkdir -p "$HIP_CHECK_OUT"
   for arch in "${compiled[@]}"; do mkdir -p "$HIP_CHECK_OUT/$arch" && cp "$tmp/s/$arch/"*.s "$HIP_CHECK_OUT/$arch/"; done

@@ -257,15 +257,20 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
   };
   auto issue_tile = [&](int tile_idx, int slot) {
     const int my_row = tile_row(tile_idx);
+    // Thread tid copies token tid / 8: its 16-byte chunks tid % 8 + 8m, so the
+    // 8 threads of a token read 128 contiguous bytes per step.
     constexpr int kChunks = L::kRowBytes / 16;
-    uint8_t* stage = smem_kv + slot * L::kStageBytes;
-#pragma unroll 2
-    for (int idx = tid; idx < kBlockN * kChunks; idx += kThreads) {
-      const int n = idx / kChunks;
-      const int ch = idx - n * kChunks;
-      const int r = __shfl_sync(0xffffffffu, my_row, n);
-      const uint8_t* src = kv_base + static_cast<int64_t>(r >= 0 ? r : 0) * p.kv_row_stride_bytes + ch * 16;
-      cp_async_16(smem_u32(stage + n * L::kRowSmem + ch * 16), src, r >= 0 ? 16 : 0);
+    constexpr int kThreadsPerToken = kThreads / kBlockN;
+    static_assert(kThreadsPerToken == 8, "loader layout assumes 8 threads per token");
+    const int n = tid / kThreadsPerToken;
+    const int sub = tid % kThreadsPerToken;
+    const int r = __shfl_sync(0xffffffffu, my_row, n);
+    const uint8_t* src = kv_base + static_cast<int64_t>(r >= 0 ? r : 0) * p.kv_row_stride_bytes;
+    const uint32_t dst = smem_u32(smem_kv + slot * L::kStageBytes + n * L::kRowSmem);
+#pragma unroll
+    for (int m = 0; m < (kChunks + kThreadsPerToken - 1) / kThreadsPerToken; ++m) {
+      const int ch = sub + kThreadsPerToken * m;
+      if (ch < kChunks) cp_async_16(dst + ch * 16, src + ch * 16, r >= 0 ? 16 : 0);
     }
     if (warp == 0) smem_flag[slot * kBlockN + lane] = (my_row == -1) ? 1 : 0;
     load_scales(my_row);

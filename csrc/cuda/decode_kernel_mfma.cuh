@@ -15,8 +15,11 @@
 //      MXFP4 -> bf16, exactly: every fp8 and every scaled E2M1 value is a bf16
 //      value) and writes them to the LDS tile, so every element is converted
 //      once and the MFMA loops below are the same for all formats. fp8 codes
-//      stay unscaled (the per-tensor scale multiplies S and O, as on CUDA);
-//      MXFP4 block scales are folded into the values.
+//      stay unscaled (the per-tensor scale multiplies S and O, as on CUDA):
+//      v_cvt_pk_f32_fp8 on gfx942 / gfx950 for either e4m3 flavour (see
+//      Fmt::kFp8Ratio), formats.h's scalar decoders elsewhere. MXFP4 block
+//      scales are folded into the values: a v_perm_b32 table lookup for
+//      2 <= E8M0 <= 252, formats.h's decoders for the other scales.
 //   1. S^T = K Q^T, split over the head dim: wave w owns dims [144w, 144w+144)
 //      = 9 k-steps of 16 and keeps its Q fragments in registers for the whole
 //      kernel; 2 x 9 MFMAs give a partial 32x16 (token x head) score tile.
@@ -40,7 +43,7 @@
 // kernel uses that to read V with row-contiguous LDS loads (step 3) and
 // undoes the dim permutation in the output store.
 //
-// LDS (48 KB, under the 64 KB a workgroup may use on CDNA3/CDNA4):
+// LDS (47808 bytes, under the 64 KB a workgroup may use on CDNA3/CDNA4):
 //   kv    32 rows x (576 + 4) bf16   the dequantised stage; the 8-byte pad
 //                                    makes the 16 rows read by one MFMA
 //                                    operand fall on 16 distinct bank pairs
@@ -52,9 +55,10 @@
 // Why no fp8 MFMA (v_mfma_f32_16x16x32_fp8_fp8 on gfx942/gfx950): both
 // operands of an fp8 MFMA must be fp8, so Q (for QK^T) and P (for PV) would
 // have to be quantised to fp8 on the fly, adding an error the CUDA kernel does
-// not have (and, for Q, scaling decisions per head). Decode at these sizes is
-// memory-bound (see docs/amd.md), so the bf16 MFMA costs nothing measurable;
-// only the cache bytes matter, and those are read as fp8 / MXFP4.
+// not have (and, for Q, a scale per head). At the competition's H = 16 every
+// format is far below the bf16 MFMA roof, so only the cache bytes matter, and
+// those are read as fp8 / MXFP4. (At H = 128 fp8 / MXFP4 caches would reach
+// the bf16 MFMA roof of an MI355X: see docs/amd.md for where an fp8 path pays.)
 #pragma once
 
 #include <stdint.h>
@@ -448,9 +452,9 @@ __global__ void __launch_bounds__(kThreads) mla_decode_split_kernel_mfma(const D
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         // With no finite score yet (none), sv is -inf (masked) or NaN (bad
-        // index): exp2 gives 0 or NaN, so a row whose first keys in this split
-        // are all bad still ends up NaN. (decode_kernel.cuh writes 0 there,
-        // which loses the NaN; see the note to the lead in docs/amd.md.)
+        // index): exp2 gives 0 or NaN, so a row whose keys in this split are
+        // all bad still ends up NaN (docs/amd.md, "Differences from the CUDA
+        // kernel").
         pv[e] = fast_exp2(sv[e] - (none ? 0.f : m_new));
         psum += pv[e];
       }

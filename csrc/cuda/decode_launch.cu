@@ -18,97 +18,130 @@ extern template cudaError_t launch_split_kernel<KvFormat::kMxfp4>(const DecodeLa
 
 namespace {
 
-// The combine kernel works in groups of 32 lanes ("warps" below) on both
-// vendors: on wave64 a wavefront holds two groups, and every shuffle stays in
-// its group (xor offsets < 32; mla_shfl with width 32).
+// The combine kernel works in groups of 32 lanes on both vendors: on wave64 a
+// wavefront holds two groups, and every shuffle stays in its group (xor
+// offsets < 32).
 constexpr int kMaxSplits = 256;          // kMaxNumSplits of csrc/ops/validation.h
+
+constexpr int kCombineThreads = 256;  // 8 groups of 32 lanes per (token, head) row
+constexpr int kCombineGroups = kCombineThreads / 32;
+constexpr int kCombineMaxSplitsPerLane = (kMaxSplits + 31) / 32;
 
 // Merges the split partials of one (token, head) row per block:
 //   out = sum_s exp(lse_s - M) * O_s / sum_s exp(lse_s - M),  lse = M + log(sum).
 // Partials are normalised (O_s = sum p v / sum p); empty splits have lse -inf
-// and O_s = 0. Grid: total_q * H blocks of 128 threads; 32-lane group w owns
-// dims [128w, 128w + 128), lane k the float4 at 128w + 4k.
+// and O_s = 0. Grid: total_q * H blocks of 256 threads.
 //
 // Latency, not bandwidth, bounds this kernel (the partials were just written
-// and sit in L2), so it spreads over many SMs, every group computes all split
-// weights at once (lane s holds split s, s + 32, ...), and partial rows are
-// read kCombineUnroll splits at a time with all loads in flight together.
-constexpr int kCombineMaxSplitsPerLane = (kMaxSplits + 31) / 32;
-constexpr int kCombineUnroll = 8;
-
-__global__ void __launch_bounds__(128) combine_kernel(const MlaDecodeParams p, const float* __restrict__ partial_out,
-                                                      const float* __restrict__ partial_lse, int num_splits) {
+// and sit in L2), so it is laid out for the fewest dependent round trips:
+// group 0 turns the S partial LSEs into weights (one load per lane), then
+// group w reads splits w, w + 8, ... for all 512 dims (lane k: the float4s at
+// 4k + 128i), every load of a group issued before any is used, and the 8
+// group sums meet in shared memory.
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(const MlaDecodeParams p,
+                                                                  const float* __restrict__ partial_out,
+                                                                  const float* __restrict__ partial_lse,
+                                                                  int num_splits) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched as a programmatic dependent of the split kernel (sm_90+): wait
   // here until that grid has finished and its writes are visible.
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __shared__ float smem_w[kMaxSplits];
+  __shared__ float smem_stat[2];  // lse, nan flag
+  __shared__ float4 smem_acc[kCombineGroups][kHeadDimV / 4];
+  const int group = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
   const int64_t row = blockIdx.x;
 
-  float lse_l[kCombineMaxSplitsPerLane];
-  float mx = -MLA_INF;
-  bool has_nan = false;
+  if (group == 0) {
+    float lse_l[kCombineMaxSplitsPerLane];
+    float mx = -MLA_INF;
+    bool has_nan = false;
 #pragma unroll
-  for (int k = 0; k < kCombineMaxSplitsPerLane; ++k) {
-    const int s = lane + 32 * k;
-    lse_l[k] = s < num_splits ? partial_lse[s * rows + row] : -MLA_INF;
-    has_nan |= isnan(lse_l[k]);
-    mx = fmaxf(mx, lse_l[k]);
-  }
-  for (int off = 16; off > 0; off >>= 1) {
-    mx = fmaxf(mx, mla_shfl_xor(mx, off));
-    has_nan |= mla_shfl_xor(static_cast<int>(has_nan), off) != 0;
-  }
-  float w_l[kCombineMaxSplitsPerLane];
-  float wsum = 0.f;
+    for (int k = 0; k < kCombineMaxSplitsPerLane; ++k) {
+      const int s = lane + 32 * k;
+      lse_l[k] = s < num_splits ? partial_lse[s * rows + row] : -MLA_INF;
+      has_nan |= isnan(lse_l[k]);
+      mx = fmaxf(mx, lse_l[k]);
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      mx = fmaxf(mx, mla_shfl_xor(mx, off));
+      has_nan |= mla_shfl_xor(static_cast<int>(has_nan), off) != 0;
+    }
+    float wsum = 0.f;
+    float w_l[kCombineMaxSplitsPerLane];
 #pragma unroll
-  for (int k = 0; k < kCombineMaxSplitsPerLane; ++k) {
-    w_l[k] = (lse_l[k] == -MLA_INF || mx == -MLA_INF) ? 0.f : __expf(lse_l[k] - mx);
-    wsum += w_l[k];
+    for (int k = 0; k < kCombineMaxSplitsPerLane; ++k) {
+      w_l[k] = (lse_l[k] == -MLA_INF || mx == -MLA_INF) ? 0.f : __expf(lse_l[k] - mx);
+      wsum += w_l[k];
+    }
+    for (int off = 16; off > 0; off >>= 1) wsum += mla_shfl_xor(wsum, off);
+    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+#pragma unroll
+    for (int k = 0; k < kCombineMaxSplitsPerLane; ++k) {
+      const int s = lane + 32 * k;
+      if (s < num_splits) smem_w[s] = w_l[k] * inv;  // normalised weights
+    }
+    if (lane == 0) {
+      smem_stat[0] = has_nan ? MLA_NAN : (wsum > 0.f ? mx + __logf(wsum) : -MLA_INF);
+      smem_stat[1] = has_nan ? 1.f : 0.f;
+    }
   }
-  for (int off = 16; off > 0; off >>= 1) wsum += mla_shfl_xor(wsum, off);
+  __syncthreads();
 
-  const int dim = 128 * warp + 4 * lane;
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  float4 acc[4];
 #pragma unroll
-  for (int k = 0; k < kCombineMaxSplitsPerLane; ++k) {
-    if (32 * k >= num_splits) break;
-    for (int s0 = 0; s0 < 32 && 32 * k + s0 < num_splits; s0 += kCombineUnroll) {
-      float4 x[kCombineUnroll];
-      float w[kCombineUnroll];
+  for (int i = 0; i < 4; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int s0 = group; s0 < num_splits; s0 += 4 * kCombineGroups) {
+    float4 x[4][4];
+    float w[4];
 #pragma unroll
-      for (int u = 0; u < kCombineUnroll; ++u) {
-        const int s = 32 * k + s0 + u;
-        w[u] = mla_shfl(w_l[k], (s0 + u) & 31, 32);
-        x[u] = *reinterpret_cast<const float4*>(partial_out + (min(s, num_splits - 1) * rows + row) * kHeadDimV + dim);
-        if (s >= num_splits) w[u] = 0.f;
-      }
+    for (int u = 0; u < 4; ++u) {
+      const int s = s0 + u * kCombineGroups;
+      const int sc = s < num_splits ? s : s0;
+      w[u] = s < num_splits ? smem_w[sc] : 0.f;
+      const float4* src = reinterpret_cast<const float4*>(partial_out + (sc * rows + row) * kHeadDimV);
 #pragma unroll
-      for (int u = 0; u < kCombineUnroll; ++u) {
-        acc.x += w[u] * x[u].x;
-        acc.y += w[u] * x[u].y;
-        acc.z += w[u] * x[u].z;
-        acc.w += w[u] * x[u].w;
+      for (int i = 0; i < 4; ++i) x[u][i] = src[lane + 32 * i];
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        acc[i].x += w[u] * x[u][i].x;
+        acc[i].y += w[u] * x[u][i].y;
+        acc[i].z += w[u] * x[u][i].z;
+        acc[i].w += w[u] * x[u][i].w;
       }
     }
   }
-  const int t = static_cast<int>(row / p.num_heads), h = static_cast<int>(row % p.num_heads);
-  const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-  const float nan_or_zero = has_nan ? MLA_NAN : 0.f;
-  uint16_t* dst = static_cast<uint16_t*>(p.out) + static_cast<int64_t>(t) * p.out_stride_token +
-                  static_cast<int64_t>(h) * p.out_stride_head;  // bf16 bits
-  {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) smem_acc[group][lane + 32 * i] = acc[i];
+  __syncthreads();
+
+  if (threadIdx.x < kHeadDimV / 4) {
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int g = 0; g < kCombineGroups; ++g) {
+      const float4 v = smem_acc[g][threadIdx.x];
+      sum.x += v.x;
+      sum.y += v.y;
+      sum.z += v.z;
+      sum.w += v.w;
+    }
+    const float nan_or_zero = smem_stat[1] != 0.f ? MLA_NAN : 0.f;
+    const int t = static_cast<int>(row / p.num_heads), h = static_cast<int>(row % p.num_heads);
+    uint16_t* dst = static_cast<uint16_t*>(p.out) + static_cast<int64_t>(t) * p.out_stride_token +
+                    static_cast<int64_t>(h) * p.out_stride_head;  // bf16 bits
     uint2 packed;
-    packed.x = mla_pack_bf16x2(acc.x * inv + nan_or_zero, acc.y * inv + nan_or_zero);
-    packed.y = mla_pack_bf16x2(acc.z * inv + nan_or_zero, acc.w * inv + nan_or_zero);
-    *reinterpret_cast<uint2*>(dst + dim) = packed;
-  }
-  if (warp == 0 && lane == 0) {
-    float lse = wsum > 0.f ? mx + __logf(wsum) : -MLA_INF;
-    if (has_nan) lse = MLA_NAN;
-    p.lse[static_cast<int64_t>(t) * p.lse_stride_token + static_cast<int64_t>(h) * p.lse_stride_head] = lse;
+    packed.x = mla_pack_bf16x2(sum.x + nan_or_zero, sum.y + nan_or_zero);
+    packed.y = mla_pack_bf16x2(sum.z + nan_or_zero, sum.w + nan_or_zero);
+    *reinterpret_cast<uint2*>(dst + 4 * threadIdx.x) = packed;
+    if (threadIdx.x == 0) {
+      p.lse[static_cast<int64_t>(t) * p.lse_stride_token + static_cast<int64_t>(h) * p.lse_stride_head] =
+          smem_stat[0];
+    }
   }
 }
 
@@ -184,7 +217,7 @@ cudaError_t launch_decode(const MlaDecodeParams& p, const SplitPlan& plan, void*
   if (dev < 64 && cc_major[dev] >= 9) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(blocks);
-    cfg.blockDim = dim3(128);
+    cfg.blockDim = dim3(kCombineThreads);
     cfg.dynamicSmemBytes = 0;
     cfg.stream = stream;
     cudaLaunchAttribute attr[1];
@@ -196,7 +229,7 @@ cudaError_t launch_decode(const MlaDecodeParams& p, const SplitPlan& plan, void*
                               static_cast<const float*>(args.partial_lse), static_cast<int>(plan.num_splits));
   }
 #endif
-  combine_kernel<<<blocks, 128, 0, stream>>>(p, args.partial_out, args.partial_lse, plan.num_splits);
+  combine_kernel<<<blocks, kCombineThreads, 0, stream>>>(p, args.partial_out, args.partial_lse, plan.num_splits);
   return cudaGetLastError();
 }
 
