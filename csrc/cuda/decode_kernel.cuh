@@ -94,7 +94,7 @@ struct SmemLayout {
   static constexpr int kDecOffset = kScaleOffset + kScaleBytes;
   static constexpr int kDecBytes = (F == KvFormat::kBf16) ? 0 : kBlockN * kDecRowSmem;
   static constexpr int kFlagOffset = kDecOffset + kDecBytes;
-  static constexpr int kFlagBytes = kStages * kBlockN * 4;
+  static constexpr int kFlagBytes = kStages * 16;  // one 32-bit bad-row mask per stage (16-byte aligned)
   static constexpr int kRedOffset = kFlagOffset + kFlagBytes;
   static constexpr int kRedBytes = kDimGroups * kTileRows * kRedStride * 4;
   static constexpr int kPOffset = kRedOffset + kRedBytes;
@@ -272,7 +272,8 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
       const int ch = sub + kThreadsPerToken * m;
       if (ch < kChunks) cp_async_16(dst + ch * 16, src + ch * 16, r >= 0 ? 16 : 0);
     }
-    if (warp == 0) smem_flag[slot * kBlockN + lane] = (my_row == -1) ? 1 : 0;
+    const uint32_t bad_rows = __ballot_sync(0xffffffffu, my_row == -1);  // same in every warp
+    if (tid == 0) smem_flag[slot] = static_cast<int32_t>(bad_rows);
     load_scales(my_row);
   };
 
@@ -293,6 +294,15 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
 
   // ---- Q fragments (registers, whole kernel; loaded after the first KV
   // tiles are in flight so the two latencies overlap) ---------------------
+  // K-step kk < 8 of this warp pairs with kk ^ 1: one 16-byte (bf16),
+  // 8-byte (fp8) or 4-byte (MXFP4) shared-memory load gives thread c the dims
+  // base + 8c .. base + 8c + 7 (base = 144 dg + 32 (kk / 2)) for both k-steps,
+  // and Q is permuted to match:
+  //   bf16 / fp8: k-step 2m takes dims 8c + {0,1 | 2,3}, k-step 2m+1 8c + {4,5 | 6,7};
+  //   MXFP4 (E2M1 pairs p, p+4 of one 32-bit word): k-step 2m takes
+  //   8c + {0,4 | 1,5}, k-step 2m+1 8c + {2,6 | 3,7}.
+  // The ninth k-step (dims 144 dg + 128 ..) uses 4 dims per thread: 4c + {0,1 | 2,3}
+  // (MXFP4: 4c + {0,2 | 1,3}). ("a | b": the a0/a1 pair | the a2/a3 pair.)
   uint32_t qf[kKStepsPerWarp][4];
   {
     const int hA = h0 + g, hB = h0 + g + 8;
@@ -301,12 +311,36 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
     const __nv_bfloat16* qb = q + static_cast<int64_t>(hB) * p.q_stride_head;
     const bool va = !orphan && hA < p.num_heads, vb = !orphan && hB < p.num_heads;
 #pragma unroll
-    for (int kk = 0; kk < kKStepsPerWarp; ++kk) {
+    for (int m = 0; m < kKStepsPerWarp / 2; ++m) {
+      const int d = kKStepsPerWarp * 16 * dg + 32 * m + 8 * c;
+      const uint4 x = va ? *reinterpret_cast<const uint4*>(qa + d) : make_uint4(0, 0, 0, 0);
+      const uint4 y = vb ? *reinterpret_cast<const uint4*>(qb + d) : make_uint4(0, 0, 0, 0);
+      if constexpr (kMx) {
+        qf[2 * m][0] = prmt(x.x, x.z, 0x5410);
+        qf[2 * m][1] = prmt(y.x, y.z, 0x5410);
+        qf[2 * m][2] = prmt(x.x, x.z, 0x7632);
+        qf[2 * m][3] = prmt(y.x, y.z, 0x7632);
+        qf[2 * m + 1][0] = prmt(x.y, x.w, 0x5410);
+        qf[2 * m + 1][1] = prmt(y.y, y.w, 0x5410);
+        qf[2 * m + 1][2] = prmt(x.y, x.w, 0x7632);
+        qf[2 * m + 1][3] = prmt(y.y, y.w, 0x7632);
+      } else {
+        qf[2 * m][0] = x.x;
+        qf[2 * m][1] = y.x;
+        qf[2 * m][2] = x.y;
+        qf[2 * m][3] = y.y;
+        qf[2 * m + 1][0] = x.z;
+        qf[2 * m + 1][1] = y.z;
+        qf[2 * m + 1][2] = x.w;
+        qf[2 * m + 1][3] = y.w;
+      }
+    }
+    {
+      constexpr int kk = kKStepsPerWarp - 1;
       const int d = 16 * (kKStepsPerWarp * dg + kk) + 4 * c;
       const uint2 x = va ? *reinterpret_cast<const uint2*>(qa + d) : make_uint2(0, 0);
       const uint2 y = vb ? *reinterpret_cast<const uint2*>(qb + d) : make_uint2(0, 0);
       if constexpr (kMx) {
-        // K pairs are (dim 4c, 4c+2) and (4c+1, 4c+3): permute Q the same way.
         qf[kk][0] = prmt(x.x, x.y, 0x5410);
         qf[kk][1] = prmt(y.x, y.y, 0x5410);
         qf[kk][2] = prmt(x.x, x.y, 0x7632);
@@ -384,8 +418,54 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
       s_acc[jj][0] = s_acc[jj][1] = s_acc[jj][2] = s_acc[jj][3] = 0.f;
       const int n = 8 * j + g;
       const uint8_t* row = stage + n * L::kRowSmem;
+      uint8_t* dec = smem_dec + n * L::kDecRowSmem;
+      // Paired k-steps 2m, 2m+1 (see the Q layout above).
 #pragma unroll
-      for (int kk = 0; kk < kKStepsPerWarp; ++kk) {
+      for (int m = 0; m < kKStepsPerWarp / 2; ++m) {
+        const int d = kKStepsPerWarp * 16 * dg + 32 * m + 8 * c;
+        uint32_t b[4];  // k-step 2m: b[0], b[1]; k-step 2m+1: b[2], b[3]
+        if constexpr (F == KvFormat::kBf16) {
+          const uint4 v = *reinterpret_cast<const uint4*>(row + 2 * d);
+          b[0] = v.x;
+          b[1] = v.y;
+          b[2] = v.z;
+          b[3] = v.w;
+        } else if constexpr (kFp8) {
+          const uint2 v = *reinterpret_cast<const uint2*>(row + d);
+          b[0] = fp8x2_to_operand<F>(v.x);
+          b[1] = fp8x2_to_operand<F>(v.x >> 16);
+          b[2] = fp8x2_to_operand<F>(v.y);
+          b[3] = fp8x2_to_operand<F>(v.y >> 16);
+        } else {
+          const uint32_t w = *reinterpret_cast<const uint32_t*>(row + d / 2);
+          const uint32_t s1 = scl[n * kScaleStride + d / kMxBlock];
+          const uint32_t s2 = s1 | (s1 << 16);
+          uint32_t lut_lo, lut_hi;
+          e2m1_lookup8(w, lut_lo, lut_hi);
+          b[0] = e2m1_pair<0>(w, lut_lo, lut_hi, s2);  // dims (8c, 8c+4)
+          b[1] = e2m1_pair<1>(w, lut_lo, lut_hi, s2);  // dims (8c+1, 8c+5)
+          b[2] = e2m1_pair<2>(w, lut_lo, lut_hi, s2);  // dims (8c+2, 8c+6)
+          b[3] = e2m1_pair<3>(w, lut_lo, lut_hi, s2);  // dims (8c+3, 8c+7)
+        }
+        mma_m16n8k16<kF16>(s_acc[jj], qf[2 * m], b[0], b[1]);
+        mma_m16n8k16<kF16>(s_acc[jj], qf[2 * m + 1], b[2], b[3]);
+        if constexpr (kDecode) {
+          // Dims d..d+7 of token n, in natural order, for PV.
+          uint4 nat;
+          if constexpr (kMx) {
+            nat.x = prmt(b[0], b[1], 0x5410);
+            nat.y = prmt(b[2], b[3], 0x5410);
+            nat.z = prmt(b[0], b[1], 0x7632);
+            nat.w = prmt(b[2], b[3], 0x7632);
+          } else {
+            nat = make_uint4(b[0], b[1], b[2], b[3]);
+          }
+          *reinterpret_cast<uint4*>(dec + 2 * d) = nat;
+        }
+      }
+      {
+        // The ninth k-step: 4 dims per thread.
+        constexpr int kk = kKStepsPerWarp - 1;
         const int d = 16 * (kKStepsPerWarp * dg + kk) + 4 * c;
         uint32_t b0, b1;
         if constexpr (F == KvFormat::kBf16) {
@@ -408,7 +488,6 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
         }
         mma_m16n8k16<kF16>(s_acc[jj], qf[kk], b0, b1);
         if constexpr (kDecode) {
-          // Dims d..d+3 of token n, in natural order, for PV.
           uint2 nat;
           if constexpr (kMx) {
             nat.x = prmt(b0, b1, 0x5410);
@@ -417,7 +496,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
             nat.x = b0;
             nat.y = b1;
           }
-          *reinterpret_cast<uint2*>(smem_dec + n * L::kDecRowSmem + 2 * d) = nat;
+          *reinterpret_cast<uint2*>(dec + 2 * d) = nat;
         }
       }
     }
@@ -442,13 +521,14 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
         sv[0] += x.x;
         sv[1] += x.y;
       }
+      const uint32_t bad_rows = static_cast<uint32_t>(smem_flag[slot]);
       const int pos0 = kv_begin + it * kBlockN + sm_col;
       float tile_max = -CUDART_INF_F;
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         sv[e] *= scale_log2;
         if (pos0 + e >= kv_end) sv[e] = -CUDART_INF_F;
-        else if (smem_flag[slot * kBlockN + sm_col + e]) sv[e] = CUDART_NAN_F;
+        else if ((bad_rows >> (sm_col + e)) & 1u) sv[e] = CUDART_NAN_F;
         tile_max = fmaxf(tile_max, sv[e]);
       }
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
@@ -483,12 +563,15 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
     // ---- 3. O = alpha * O + P V over this warp's 64 value dims -------------
     {
       const float alpha_a = smem_alpha[g], alpha_b = smem_alpha[g + 8];
+      // Once the running max settles alpha is 1 for every row: skip the rescale.
+      if (__any_sync(0xffffffffu, alpha_a != 1.f || alpha_b != 1.f)) {
 #pragma unroll
-      for (int j = 0; j < kVTiles; ++j) {
-        o[j][0] *= alpha_a;
-        o[j][1] *= alpha_a;
-        o[j][2] *= alpha_b;
-        o[j][3] *= alpha_b;
+        for (int j = 0; j < kVTiles; ++j) {
+          o[j][0] *= alpha_a;
+          o[j][1] *= alpha_a;
+          o[j][2] *= alpha_b;
+          o[j][3] *= alpha_b;
+        }
       }
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) {

@@ -6,8 +6,11 @@
 //   * A workgroup runs as blockDim.x cooperative fibers (ucontext for the
 //     first entry, _setjmp/_longjmp afterwards) in one OS thread;
 //     __syncthreads() is a workgroup barrier, every cross-lane operation
-//     (__shfl, __shfl_xor, MFMA) is a barrier of the 64 lanes of the wave.
-//     A lane that has returned leaves the barriers (like an inactive lane).
+//     (__shfl, __shfl_xor, MFMA) is a barrier of the lanes of the wave. As
+//     with an exec mask, a lane that has returned, or that waits at
+//     __syncthreads while others of its wave run a cross-lane operation in a
+//     branch, does not take part (its slot keeps its last value). Divergent
+//     branches that both use cross-lane operations are not modelled.
 //   * __shared__ becomes `static`: workgroups run one after another.
 //   * The MFMA builtin is computed from the lane layout documented in
 //     csrc/cuda/decode_kernel_mfma.cuh (A row l%16 k 4(l/16)..+3, B col l%16
@@ -98,6 +101,7 @@ struct Barrier {
 };
 
 struct State {
+  std::vector<int> cta_waiting;  // per wave: lanes blocked at __syncthreads
   std::vector<Fiber> fibers;
   int cur = -1;
   jmp_buf sched;
@@ -120,21 +124,12 @@ inline void yield() {
   if (!_setjmp(s.fibers[s.cur].jb)) _longjmp(s.sched, 1);
 }
 
-inline void arrive(Barrier& b) {
+// Releases wave w's barrier when every live lane of the wave is either in it
+// or blocked at __syncthreads (those are masked off for the operation).
+inline void try_release_wave(int w) {
   State& s = state();
-  ++s.progress;
-  const uint64_t g = b.gen;
-  if (++b.arrived >= b.expected) {
-    b.arrived = 0;
-    ++b.gen;
-    return;
-  }
-  while (b.gen == g) yield();
-}
-
-inline void leave(Barrier& b) {
-  --b.expected;
-  if (b.arrived > 0 && b.arrived >= b.expected) {
+  Barrier& b = s.waves[w];
+  if (b.arrived > 0 && b.arrived + s.cta_waiting[w] >= b.expected) {
     b.arrived = 0;
     ++b.gen;
   }
@@ -142,8 +137,34 @@ inline void leave(Barrier& b) {
 
 inline int lane_id() { return state().cur % kWave; }
 inline int wave_id() { return state().cur / kWave; }
-inline void wave_barrier() { arrive(state().waves[wave_id()]); }
-inline void cta_barrier() { arrive(state().cta); }
+
+inline void wave_barrier() {
+  State& s = state();
+  const int w = wave_id();
+  Barrier& b = s.waves[w];
+  ++s.progress;
+  const uint64_t g = b.gen;
+  ++b.arrived;
+  try_release_wave(w);
+  while (b.gen == g) yield();
+}
+
+inline void cta_barrier() {
+  State& s = state();
+  Barrier& b = s.cta;
+  ++s.progress;
+  const uint64_t g = b.gen;
+  if (++b.arrived >= b.expected) {
+    b.arrived = 0;
+    ++b.gen;
+    std::fill(s.cta_waiting.begin(), s.cta_waiting.end(), 0);  // all released at once
+    return;
+  }
+  const int w = wave_id();
+  ++s.cta_waiting[w];
+  try_release_wave(w);
+  while (b.gen == g) yield();
+}
 
 // Value of `v` at lane `src` (0..63) of the caller's wave.
 template <typename T>
@@ -163,8 +184,14 @@ inline T exchange(const T& v, int src) {
   Fiber& f = s.fibers[s.cur];
   f.done = true;
   ++s.progress;
-  leave(s.waves[s.cur / kWave]);
-  leave(s.cta);
+  const int w = s.cur / kWave;
+  --s.waves[w].expected;
+  try_release_wave(w);
+  if (--s.cta.expected > 0 && s.cta.arrived > 0 && s.cta.arrived >= s.cta.expected) {
+    s.cta.arrived = 0;
+    ++s.cta.gen;
+    std::fill(s.cta_waiting.begin(), s.cta_waiting.end(), 0);
+  }
   _longjmp(s.sched, 1);
 }
 
@@ -179,6 +206,7 @@ inline void run_block(const std::function<void()>& body, int threads) {
   s.xfer.assign(threads, {});
   const int nwaves = (threads + kWave - 1) / kWave;
   s.waves.assign(nwaves, Barrier{});
+  s.cta_waiting.assign(nwaves, 0);
   for (int w = 0; w < nwaves; ++w) s.waves[w].expected = std::min(kWave, threads - w * kWave);
   s.cta = Barrier{};
   s.cta.expected = threads;
