@@ -31,10 +31,11 @@
 #      no kernel calls a function or uses a dynamic stack, and LDS <= 64 KB.
 #   5. The hipified kernels are also compiled for the host against
 #      scripts/hip_emu/hip/hip_runtime.h (a small HIP emulation: fibers for
-#      lanes, MFMA computed from its documented lane layout) and run on 13
-#      decode problems against a float64 reference, once as gfx942 (fnuz fp8
-#      in hardware) and once as gfx950 (OCP fp8 in hardware). This checks the
-#      kernel logic, not the hardware. HIP_CHECK_EMU=0 skips it.
+#      lanes, waves run in random subsets, MFMA computed from its documented
+#      lane layout) and run on 13 decode problems against a float64 reference,
+#      once as gfx942 (fnuz fp8 in hardware) and once as gfx950 (OCP fp8 in
+#      hardware), after exhaustive checks of the register dequantisers. This
+#      checks the kernel logic, not the hardware. HIP_CHECK_EMU=0 skips it.
 #
 # Environment: HIP_CHECK_OUT=DIR keeps the .s files (DIR/ARCH/*.s);
 # HIP_CHECK_ARCHS (default "gfx942 gfx950 gfx90a"); HIP_CLANG (default
@@ -155,7 +156,7 @@ for arch in $ARCHS; do
   if ! arch_known "$arch"; then
     if [ "$arch" = gfx942 ]; then cat "$tmp/probe.log"; die "$CLANG cannot compile for gfx942"; fi
     say "$arch: NOT compiled: $("$CLANG" --version | head -1) does not know $arch ($(head -1 "$tmp/probe.log"))."
-    [ "$arch" = gfx950 ] && say "  gfx950 needs LLVM >= 20 (ROCm >= 6.4); gfx950-only code stays behind #if defined(__gfx950__) and is exercised only by the host emulation below."
+    [ "$arch" = gfx950 ] && say "  gfx950 needs LLVM >= 20 (ROCm >= 7.0); gfx950-only code stays behind #if defined(__gfx950__) and is exercised only by the host emulation below."
     continue
   fi
   mkdir -p "$tmp/s/$arch"

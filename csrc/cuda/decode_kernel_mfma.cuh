@@ -36,8 +36,10 @@
 //   A: row l % 16, k = 4g .. 4g+3      (4 bf16 = 2 VGPRs, k ascending)
 //   B: col l % 16, k = 4g .. 4g+3      (4 bf16 = 2 VGPRs)
 //   C/D: col l % 16, rows 4g .. 4g+3   (4 fp32, row ascending)
-// (AMD Matrix Instruction Calculator, instruction V_MFMA_F32_16X16X16BF16_1K
-// on CDNA2/CDNA3; the LLVM AMDGPU builtin has the same operand order.)
+// (AMD Matrix Instruction Calculator, gfx9 formulas for M = N = K = 16, one
+// block: A[i][k] in lane 16 floor(k/4) + i, element k % 4; D[i][j] in lane
+// 16 floor(i/4) + j, register i % 4. The LLVM builtin takes A, B, C in the
+// instruction's Src0, Src1, Src2 order.)
 // The k index (head dim for S, token for O) and the m index of the PV tiles
 // (value dim) may be permuted freely as long as both operands agree; the
 // kernel uses that to read V with row-contiguous LDS loads (step 3) and
@@ -89,6 +91,7 @@ constexpr int kRedStride = kBlockN + 4;        // fp32 per row of a partial scor
 constexpr int kPStride = kBlockN + 4;          // bf16 per row of P (18 dwords)
 constexpr int kRowThreads = kThreads / kTileRows;  // 16 softmax threads per row
 static_assert(kKSteps * 16 * kWaves == kHeadDimQK, "QK split");
+static_assert(kWaveSize == MLA_WARP_SIZE, "CDNA wavefronts are 64 lanes (portability.h)");
 static_assert(kRowThreads * 2 == kBlockN, "softmax: two tokens per thread");
 
 typedef short bf16x4_t __attribute__((ext_vector_type(4)));

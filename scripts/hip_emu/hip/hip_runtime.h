@@ -10,7 +10,9 @@
 //     with an exec mask, a lane that has returned, or that waits at
 //     __syncthreads while others of its wave run a cross-lane operation in a
 //     branch, does not take part (its slot keeps its last value). Divergent
-//     branches that both use cross-lane operations are not modelled.
+//     branches that both use cross-lane operations are not modelled. Waves
+//     are scheduled in random subsets (HIP_EMU_SEED) so that a missing
+//     __syncthreads shows up as a wrong result.
 //   * __shared__ becomes `static`: workgroups run one after another.
 //   * The MFMA builtin is computed from the lane layout documented in
 //     csrc/cuda/decode_kernel_mfma.cuh (A row l%16 k 4(l/16)..+3, B col l%16
@@ -218,12 +220,27 @@ inline void run_block(const std::function<void()>& body, int threads) {
     f.tid = Idx{static_cast<unsigned>(i), 0, 0};
     if (f.stack.empty()) f.stack.resize(kStackBytes);
   }
+  // Scheduling: in two rounds out of three only a random subset of the waves
+  // runs, so that some waves get far ahead of others (up to the next
+  // __syncthreads) and a missing workgroup barrier shows up as wrong results.
+  // Deadlock is judged on the full rounds. Deterministic (HIP_EMU_SEED).
+  static const uint64_t seed = getenv("HIP_EMU_SEED") ? strtoull(getenv("HIP_EMU_SEED"), nullptr, 0) : 1;
+  uint64_t rng = seed * 0x9E3779B97F4A7C15ull + s.blocks_run + 1;
+  auto next = [&rng]() {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+  };
   int alive = threads;
   while (alive > 0) {
     const uint64_t before = s.progress;
+    const bool full = next() % 3 == 0;
+    uint64_t run_waves = full ? ~0ull : next();
+    if (!full && (run_waves & ((1ull << nwaves) - 1)) == 0) run_waves = 1ull << (next() % nwaves);
     for (int i = 0; i < threads; ++i) {
       Fiber& f = s.fibers[i];
-      if (f.done) continue;
+      if (f.done || !((run_waves >> (i / kWave)) & 1)) continue;
       s.cur = i;
       if (!_setjmp(s.sched)) {
         if (!f.started) {
@@ -240,7 +257,7 @@ inline void run_block(const std::function<void()>& body, int threads) {
       }
       if (f.done) --alive;
     }
-    if (alive > 0 && s.progress == before) {
+    if (full && alive > 0 && s.progress == before) {
       fprintf(stderr, "hip_emu: deadlock in block (%u, %u): %d threads wait at barriers nobody else reaches\n",
               s.block_idx.x, s.block_idx.y, alive);
       abort();
