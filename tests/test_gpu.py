@@ -68,6 +68,17 @@ def test_bad_index_gives_nan_not_a_crash():
     assert torch.isfinite(out[1]).all()
 
 
+@pytest.mark.parametrize("num_splits", [0, 1, 4])
+def test_lone_bad_index_is_nan(num_splits):
+    """A row whose only visible key has a bad index must be NaN, not 0 / -inf."""
+    case = make_case("fp8", "indices", 16, 1, [1, 40], seed=12, device=DEV)
+    case.kv_indices[0] = -5
+    out, lse = torch.ops.mla_decode.decode(*case.args(), num_splits)
+    torch.cuda.synchronize()
+    assert torch.isnan(out[0]).all() and torch.isnan(lse[0]).all()
+    assert torch.isfinite(out[1]).all()
+
+
 @pytest.mark.parametrize("fmt", ["mxfp4", "fp8", "bf16"])
 def test_custom_kernel_on_competition_inputs(fmt, monkeypatch):
     from mla_decode.inputs import generate_input

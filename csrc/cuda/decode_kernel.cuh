@@ -542,7 +542,9 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
       float psum = 0.f;
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        pv[e] = none ? 0.f : exp2f(sv[e] - m_new);
+        // exp2(-inf) = 0 for masked keys; a NaN score (bad index) stays NaN even
+        // when it is the only key the row sees in this split.
+        pv[e] = exp2f(sv[e] - (none ? 0.f : m_new));
         psum += pv[e];
       }
       psum += __shfl_xor_sync(0xffffffffu, psum, 1);
