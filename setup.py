@@ -175,10 +175,26 @@ def build_extension():
     return ext, backend
 
 
+def local_version_label(backend: str) -> str:
+    """PEP 440 local label naming the torch and toolkit the binary is tied to."""
+    torch_base = torch.__version__.split("+")[0]
+    if backend == "cuda":
+        toolkit = "cu" + torch.version.cuda.replace(".", "")
+    elif backend == "hip":
+        toolkit = "rocm" + torch.version.hip.split("-")[0].replace(".", "")[:3]
+    else:
+        toolkit = "cpu"
+    return f"torch{torch_base}.{toolkit}"
+
+
+BASE_VERSION = {}
+exec((ROOT / "mla_decode" / "_version.py").read_text(), BASE_VERSION)
 ext, backend = build_extension()
+VERSION = f"{BASE_VERSION['BASE_VERSION']}+{local_version_label(backend)}"
 build_info = ROOT / "mla_decode" / "_build_info.py"
 build_info.write_text(
     "# Written by setup.py at build time; do not edit.\n"
+    f"VERSION = {VERSION!r}\n"
     f"BACKEND = {backend!r}\n"
     f"TORCH_VERSION = {torch.__version__!r}\n"
     f"CUDA_VERSION = {torch.version.cuda!r}\n"
@@ -188,6 +204,7 @@ build_info.write_text(
 )
 
 setup(
+    version=VERSION,
     ext_modules=[ext],
     cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
 )

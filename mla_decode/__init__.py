@@ -11,6 +11,10 @@ from . import _ops  # noqa: F401  (loads the operators, registers fake kernels)
 from .api import DEFAULT_SM_SCALE, decode, info
 from .competition import custom_kernel
 
-__version__ = "0.1.0"
+from ._version import BASE_VERSION as _BASE_VERSION
+
+# The built version carries the torch/CUDA/ROCm it was compiled for, e.g.
+# 0.1.0+torch2.13.0.cpu; a never-built source tree reports the base version.
+__version__ = getattr(_ops.BUILD_INFO, "VERSION", _BASE_VERSION)
 
 __all__ = ["decode", "custom_kernel", "info", "DEFAULT_SM_SCALE", "__version__"]

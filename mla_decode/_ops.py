@@ -12,12 +12,34 @@ import torch
 
 LOAD_ERROR: str | None = None
 try:
-    from . import _C  # noqa: F401  (registers the operators)
-except ImportError as exc:  # pragma: no cover - exercised only on broken installs
+    from . import _build_info as BUILD_INFO
+except ImportError:  # a source tree that was never built
+    BUILD_INFO = None
+
+
+def _torch_mismatch(built: str, running: str) -> bool:
+    # A C++ extension is tied to the exact torch it was compiled against:
+    # loading it into another one fails with undefined symbols, or worse.
+    return built.split("+")[0] != running.split("+")[0]
+
+
+if BUILD_INFO is None:
+    LOAD_ERROR = ("mla_decode's native library has not been built in this tree; build it with "
+                  "pip install --no-build-isolation -e .")
+elif _torch_mismatch(BUILD_INFO.TORCH_VERSION, torch.__version__):
     LOAD_ERROR = (
-        f"the native library mla_decode._C could not be loaded ({exc}). Rebuild it against the installed "
-        f"torch {torch.__version__}: pip install --no-build-isolation -e ."
+        f"mla_decode {BUILD_INFO.VERSION} was built against torch {BUILD_INFO.TORCH_VERSION}, but torch "
+        f"{torch.__version__} is installed; its native library is not loaded. Rebuild it against this torch "
+        "(pip install --no-build-isolation -e .) or install the wheel built for it."
     )
+else:
+    try:
+        from . import _C  # noqa: F401  (registers the operators)
+    except ImportError as exc:  # pragma: no cover - exercised only on broken installs
+        LOAD_ERROR = (
+            f"the native library mla_decode._C could not be loaded ({exc}). Rebuild it against the installed "
+            f"torch {torch.__version__}: pip install --no-build-isolation -e ."
+        )
 
 HEAD_DIM_QK = 576
 HEAD_DIM_V = 512

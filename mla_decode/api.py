@@ -86,12 +86,10 @@ def decode(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor, *,
 
 def info() -> dict:
     """What this build contains: backends, archs, the torch it was built against."""
-    try:
-        from . import _build_info as b
-        built = {"backend": b.BACKEND, "torch": b.TORCH_VERSION, "cuda": b.CUDA_VERSION, "hip": b.HIP_VERSION,
-                 "cuda_archs": b.CUDA_ARCHS, "rocm_archs": b.ROCM_ARCHS}
-    except ImportError:
-        built = {}
+    b = _ops.BUILD_INFO
+    built = {} if b is None else {
+        "version": b.VERSION, "backend": b.BACKEND, "torch": b.TORCH_VERSION, "cuda": b.CUDA_VERSION,
+        "hip": b.HIP_VERSION, "cuda_archs": b.CUDA_ARCHS, "rocm_archs": b.ROCM_ARCHS}
     backends = torch.ops.mla_decode.backends() if _ops.native_available() else None
     return {"native": _ops.native_available(), "load_error": _ops.LOAD_ERROR, "compiled_backends": backends,
             "built_with": built, "runtime_torch": torch.__version__,
