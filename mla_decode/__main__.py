@@ -1,10 +1,13 @@
-"""python -m mla_decode demo|info|check
+"""python -m mla_decode demo|bench|check|info
 
 demo   generate competition inputs, run custom_kernel in each cache format,
        print its error against exact math on the bf16 cache and its time
        (GPU when there is one, else CPU with small shapes)
-info   what this build contains
+bench  the benchmark of benchmarks/bench_decode.py (competition protocol and
+       H = 128 sweep; table, CSV and, with --plot, PNG charts); extra
+       arguments are passed through (--quick, --formats, --out, ...)
 check  a quick self-test of every format against the float64 reference
+info   what this build contains
 """
 
 from __future__ import annotations
@@ -96,6 +99,33 @@ def check(args) -> int:
     return 0
 
 
+def bench(args, extra) -> int:
+    import runpy
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                          "bench_decode.py")
+    if not os.path.exists(script):
+        print("bench needs the repository's benchmarks/ folder (run from a source checkout)")
+        return 2
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        if args.plot:
+            print("bench --plot needs matplotlib: pip install matplotlib")
+            return 2
+    argv = [script] + extra
+    if args.out:
+        argv += ["--out", args.out]
+    old = sys.argv
+    sys.argv = argv
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    finally:
+        sys.argv = old
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mla_decode", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -103,9 +133,16 @@ def main(argv=None) -> int:
     d = sub.add_parser("demo", help="run custom_kernel on competition inputs: accuracy and time")
     d.add_argument("--cpu", action="store_true", help="use the CPU even when a GPU is present")
     d.add_argument("--iters", type=int, default=0)
+    b = sub.add_parser("bench", help="benchmarks/bench_decode.py: table, CSV, --plot for PNG charts")
+    b.add_argument("--plot", action="store_true", help="require the PNG charts (needs matplotlib)")
+    b.add_argument("--out", default=None, help="output folder (default ./bench_out)")
     sub.add_parser("info", help="what this build contains")
     sub.add_parser("check", help="quick self-test against the float64 reference")
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if args.cmd == "bench":
+        return bench(args, extra)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return {"demo": demo, "info": info, "check": check}[args.cmd](args)
 
 
