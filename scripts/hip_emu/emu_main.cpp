@@ -29,6 +29,7 @@ constexpr int kNumCus = 16;      // "SM" count handed to plan_splits for automat
 constexpr int kOutPad = 8;       // bf16 after each out row (sentinel-checked)
 constexpr uint16_t kSentinel = 0x1234;
 constexpr float kLseSentinel = 12345.f;
+constexpr double kRelFroTol = 8e-3;  // tests/cases.py REL_FRO_TOL
 
 uint16_t to_bf16(float f) {
   uint32_t u;
@@ -234,8 +235,9 @@ void build(const Case& c, Problem& pr) {
 }
 
 // Returns the number of failed rows (prints the first few).
-int check(const Case& c, const Problem& pr, int splits) {
+int check(const Case& c, const Problem& pr, int splits, double* rel_fro) {
   const MlaDecodeParams& p = pr.p;
+  double err2 = 0, ref2 = 0;  // relative Frobenius error over the rows with a finite reference
   const int B = p.batch;
   int bad = 0;
   auto fail = [&](int t, int h, const char* what, double got, double want) {
@@ -304,6 +306,11 @@ int check(const Case& c, const Problem& pr, int splits) {
         if (!(std::fabs(lse - ref_lse) <= 2e-3 * std::max(1.0, std::fabs(ref_lse)))) fail(t, h, "lse", lse, ref_lse);
         for (int d = 0; d < kHeadDimV; ++d) {
           const double got = bf16_value(out[d]);
+          err2 += (got - o[d]) * (got - o[d]);
+          ref2 += o[d] * o[d];
+        }
+        for (int d = 0; d < kHeadDimV; ++d) {
+          const double got = bf16_value(out[d]);
           if (!(std::fabs(got - o[d]) <= 4e-3 * vmax + 8e-3 * std::fabs(o[d]))) {
             char what[32];
             snprintf(what, sizeof what, "out[%d]", d);
@@ -313,6 +320,14 @@ int check(const Case& c, const Problem& pr, int splits) {
         }
       }
     }
+  }
+  *rel_fro = ref2 > 0 ? std::sqrt(err2 / ref2) : 0.0;
+  // The test suite's contract (tests/cases.py REL_FRO_TOL): relative Frobenius
+  // error against exact float64 math on the same dequantised cache < 8e-3.
+  if (!(*rel_fro < kRelFroTol)) {
+    printf("    FAIL %s (splits %d): relative Frobenius error %.3e >= %.0e\n", c.name.c_str(), splits, *rel_fro,
+           kRelFroTol);
+    ++bad;
   }
   return bad;
 }
@@ -429,6 +444,19 @@ int main() {
     add(c);
   }
 
+  {
+    Case c; c.name = "fp8_e4m3fn indptr H128 kv 520, auto splits"; c.fmt = F::kFp8E4M3FN; c.heads = 128;
+    c.q_lens = {1}; c.kv_lens = {520}; c.splits = 0; c.seed = 14; add(c);
+  }
+  {
+    Case c; c.name = "fp8_e4m3fnuz indptr H16 kv 2000, 1 split"; c.fmt = F::kFp8E4M3FNUZ; c.q_lens = {1};
+    c.kv_lens = {2000}; c.splits = 1; c.seed = 15; add(c);
+  }
+  {
+    Case c; c.name = "fp8_e4m3fn indptr H16 kv 2000, 1 split"; c.fmt = F::kFp8E4M3FN; c.q_lens = {1};
+    c.kv_lens = {2000}; c.splits = 1; c.seed = 16; add(c);
+  }
+
   int failed = check_decoders() != 0;
   for (const Case& c : cases) {
     Problem pr;
@@ -438,10 +466,11 @@ int main() {
     const uint64_t blocks0 = emu::state().blocks_run;
     const hipError_t err = cuda::launch_decode(pr.p, plan, ws.data(), nullptr);
     const uint64_t blocks = emu::state().blocks_run - blocks0;
-    int bad = err == hipSuccess ? check(c, pr, plan.num_splits) : 1;
+    double rel_fro = 0;
+    int bad = err == hipSuccess ? check(c, pr, plan.num_splits, &rel_fro) : 1;
     if (err != hipSuccess) printf("    FAIL %s: launch_decode returned %d\n", c.name.c_str(), err);
-    printf("%s  %-50s %-13s H=%-3d splits=%-2d workgroups=%-4llu\n", bad ? "FAIL" : "ok  ", c.name.c_str(),
-           fmt_name(c.fmt), c.heads, plan.num_splits, static_cast<unsigned long long>(blocks));
+    printf("%s  %-50s %-13s H=%-3d splits=%-2d workgroups=%-4llu rel_fro=%.2e\n", bad ? "FAIL" : "ok  ",
+           c.name.c_str(), fmt_name(c.fmt), c.heads, plan.num_splits, static_cast<unsigned long long>(blocks), rel_fro);
     failed += bad != 0;
   }
   printf("hip_emu: %zu cases, %d failed\n", cases.size(), failed);

@@ -1,0 +1,67 @@
+"""The single-file submission: generated from this checkout, run standalone
+(without the package imported) in a subprocess. On a machine without a GPU
+it must take the pure-PyTorch path, say so once, and still be right."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import torch
+
+from mla_decode.inputs import generate_input
+from mla_decode.reference import dequantize_cache, reference_decode
+from mla_decode.submission import main as write_submission
+
+RUNNER = textwrap.dedent("""
+    import sys, warnings, torch
+    sys.path.insert(0, sys.argv[1])
+    import submission
+    data = torch.load(sys.argv[2], weights_only=False)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        out = submission.custom_kernel(data)
+        out2 = submission.custom_kernel(data)
+    torch.save(out, sys.argv[3])
+    print("WARNINGS", len(rec), [str(w.message) for w in rec])
+    print("SAME", torch.equal(out, out2))
+    print("NATIVE_LOADED", "mla_decode" in sys.modules)
+""")
+
+
+def run_submission(tmp_path, data, strict=False):
+    write_submission(["-o", str(tmp_path / "submission.py")])
+    torch.save(data, tmp_path / "data.pt")
+    env = dict(os.environ)
+    env["MLA_DECODE_CACHE"] = str(tmp_path / "cache")
+    env.pop("PYTHONPATH", None)
+    if strict:
+        env["MLA_DECODE_STRICT"] = "1"
+    else:
+        env.pop("MLA_DECODE_STRICT", None)
+    return subprocess.run([sys.executable, "-c", RUNNER, str(tmp_path), str(tmp_path / "data.pt"),
+                           str(tmp_path / "out.pt")], capture_output=True, text=True, cwd=tmp_path, env=env,
+                          timeout=1800)
+
+
+def test_submission_runs_standalone_and_matches_reference(tmp_path):
+    data = generate_input(3, 2, 100, seed=11, device="cpu")
+    res = run_submission(tmp_path, data)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "NATIVE_LOADED False" in res.stdout and "SAME True" in res.stdout
+    if not torch.cuda.is_available():
+        # One warning for two calls, naming the reason.
+        assert "WARNINGS 1" in res.stdout and "no GPU is visible" in res.stdout, res.stdout
+    q, kv, qo, kvp, cfg = data
+    ref, _ = reference_decode(q, dequantize_cache(kv["bf16"]), qo, cfg["sm_scale"], kv_indptr=kvp)
+    out = torch.load(tmp_path / "out.pt")
+    rel = float((out.double() - ref).norm() / ref.norm())
+    assert rel < 8e-3, rel
+
+
+def test_submission_strict_mode_refuses_the_fallback(tmp_path):
+    if torch.cuda.is_available():
+        return  # on a GPU machine the native path runs; nothing to refuse
+    res = run_submission(tmp_path, generate_input(1, 1, 16, seed=1, device="cpu"), strict=True)
+    assert res.returncode != 0
+    assert "MLA_DECODE_STRICT=1" in res.stderr and "no GPU is visible" in res.stderr
