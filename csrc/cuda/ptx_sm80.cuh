@@ -1,6 +1,7 @@
 // Thin wrappers over the sm_80+ instructions the CUDA kernels use:
-// mma.sync (bf16 m16n8k16), ldmatrix, cp.async, prmt, and the register-level
-// format conversions (fp8 -> bf16, E2M1 -> bf16). Each wrapper is one or a
+// mma.sync (bf16 and fp16 m16n8k16), ldmatrix, cp.async, prmt, and the
+// register-level format conversions (e4m3 -> fp16, e4m3fnuz -> bf16,
+// E2M1 -> bf16). Each wrapper is one or a
 // few instructions; the fragment layouts they assume are documented in
 // decode_kernel.cuh.
 #pragma once
@@ -86,14 +87,6 @@ __device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) {
 }
 __device__ __forceinline__ __nv_bfloat162 bits_bf16x2(uint32_t u) {
   return *reinterpret_cast<__nv_bfloat162*>(&u);
-}
-
-// Two OCP e4m3 codes (low byte -> low half) to bf16x2, exactly (every e4m3
-// value is a bf16 value). Hardware e4m3 -> f16 conversion, then f16 -> bf16.
-__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t two_codes) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_codes & 0xFFFFu), __NV_E4M3);
-  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
-  return bf16x2_bits(__floats2bfloat162_rn(f.x, f.y));
 }
 
 // Two e4m3fnuz codes (AMD MI300 flavour) to bf16x2, exactly, through the
