@@ -8,11 +8,14 @@ Used by scripts/hip_check.sh:
 Reads, for every kernel in each file's AMDGPU metadata (.amdgpu_metadata), the
 VGPR / AGPR / SGPR counts, the private segment (scratch) size, the group
 segment (LDS) size, spill counts and dynamic-stack flag; counts the v_mfma
-instructions and calls (s_swappc) in the kernel's body; prints one table row
-per kernel. Exits 1 unless
+instructions (all, and the fp8 ones, v_mfma_*_fp8_fp8, separately) and calls
+(s_swappc) in the kernel's body; prints one table row per kernel. Exits 1 unless
   * every file compiled for an arch holds, together, the 4 split-KV decode
     kernels (bf16, fp8 e4m3fn, fp8 e4m3fnuz, MXFP4) and the combine kernel,
   * every decode kernel contains MFMA instructions,
+  * the fp8 decode kernels use fp8 MFMA (and no other MFMA) where the target
+    has it for that format (FP8_MFMA below: gfx942 both e4m3 flavours,
+    gfx950 OCP e4m3fn), and no other kernel contains fp8 MFMA,
   * every kernel's scratch is within the budget, it uses no dynamic stack and
     makes no calls (a call would mean an un-inlined device-library function
     whose stack is unknown),
@@ -25,6 +28,9 @@ from collections import defaultdict
 
 FORMATS = {"0": "bf16", "1": "fp8_e4m3fn", "2": "fp8_e4m3fnuz", "3": "mxfp4"}
 LDS_LIMIT = 64 * 1024
+# Decode kernels that must run on fp8 MFMA, per arch (decode_kernel_mfma.cuh,
+# Fmt<F>::kFp8Mfma).
+FP8_MFMA = {"gfx942": {"fp8_e4m3fn", "fp8_e4m3fnuz"}, "gfx950": {"fp8_e4m3fn"}}
 
 
 def short_name(mangled):
@@ -67,6 +73,7 @@ def body_stats(text, symbol):
     occ = re.search(r";\s*Occupancy:\s*(\d+)", tail)
     return {
         "mfma": len(re.findall(r"^\s+v_mfma", body, re.M)),
+        "mfma_fp8": len(re.findall(r"^\s+v_mfma_\w*_fp8_fp8\b", body, re.M)),
         "calls": len(re.findall(r"^\s+s_swappc_b64", body, re.M)),
         "occupancy": occ.group(1) if occ else "?",
     }
@@ -90,19 +97,25 @@ def main():
             sym = k.get(".symbol", k.get("symbol", "")) or k.get("name", "")
             sym = k.get("symbol", sym).removesuffix(".kd")
             name = short_name(k.get("name", sym))
-            st = body_stats(text, sym) or {"mfma": 0, "calls": 0, "occupancy": "?"}
+            st = body_stats(text, sym) or {"mfma": 0, "mfma_fp8": 0, "calls": 0, "occupancy": "?"}
             scratch = int(k.get("private_segment_fixed_size", "0"))
             lds = int(k.get("group_segment_fixed_size", "0"))
             dyn = k.get("uses_dynamic_stack", "false") == "true"
             row = dict(arch=arch, tu=path.rsplit("/", 1)[-1], kernel=name, vgpr=k.get("vgpr_count", "?"),
                        agpr=k.get("agpr_count", "0"), sgpr=k.get("sgpr_count", "?"), scratch=scratch, lds=lds,
                        vspill=k.get("vgpr_spill_count", "0"), sspill=k.get("sgpr_spill_count", "0"),
-                       occ=st["occupancy"], mfma=st["mfma"], calls=st["calls"])
+                       occ=st["occupancy"], mfma=st["mfma"], mfma_fp8=st["mfma_fp8"], calls=st["calls"])
             rows.append(row)
             seen[arch].add(name)
             tag = f"{arch} {name}"
             if name.startswith("split_kernel_mfma") and st["mfma"] == 0:
                 errors.append(f"{tag}: no v_mfma instruction in the decode kernel")
+            fmt = name[len("split_kernel_mfma<"):-1] if name.startswith("split_kernel_mfma<") else None
+            if fmt in FP8_MFMA.get(arch, set()):
+                if st["mfma_fp8"] == 0 or st["mfma_fp8"] != st["mfma"]:
+                    errors.append(f"{tag}: expected only fp8 MFMA, found {st['mfma_fp8']} fp8 of {st['mfma']} MFMA")
+            elif st["mfma_fp8"]:
+                errors.append(f"{tag}: unexpected fp8 MFMA ({st['mfma_fp8']})")
             if scratch > a.scratch_budget:
                 errors.append(f"{tag}: scratch {scratch} B exceeds the budget of {a.scratch_budget} B")
             if dyn:
@@ -116,9 +129,11 @@ def main():
         for missing in sorted(want - names):
             errors.append(f"{arch}: kernel {missing} was not compiled")
 
-    hdr = ("arch", "kernel", "VGPR*", "AGPR", "SGPR", "scratch B", "LDS B", "spills v/s", "waves/SIMD", "mfma", "calls")
+    hdr = ("arch", "kernel", "VGPR*", "AGPR", "SGPR", "scratch B", "LDS B", "spills v/s", "waves/SIMD", "mfma",
+           "fp8 mfma", "calls")
     table = [hdr] + [(r["arch"], r["kernel"], r["vgpr"], r["agpr"], r["sgpr"], str(r["scratch"]), str(r["lds"]),
-                      f"{r['vspill']}/{r['sspill']}", r["occ"], str(r["mfma"]), str(r["calls"])) for r in rows]
+                      f"{r['vspill']}/{r['sspill']}", r["occ"], str(r["mfma"]), str(r["mfma_fp8"]), str(r["calls"]))
+                     for r in rows]
     widths = [max(len(str(t[i])) for t in table) for i in range(len(hdr))]
     for i, t in enumerate(table):
         print("  " + "  ".join(str(c).ljust(w) if j < 2 else str(c).rjust(w) for j, (c, w) in enumerate(zip(t, widths))))
@@ -126,7 +141,7 @@ def main():
             print("  " + "  ".join("-" * w for w in widths))
     print(f"  (VGPR* = .vgpr_count, the unified VGPR+AGPR file per lane on gfx90a+; scratch budget {a.scratch_budget} B"
           f" per kernel; LDS limit {LDS_LIMIT} B; 'spills v/s': VGPR spills go"
-          " to scratch, SGPR spills to VGPR lanes)")
+          " to scratch, SGPR spills to VGPR lanes; 'mfma' counts every v_mfma, 'fp8 mfma' the v_mfma_*_fp8_fp8 among them)")
     if errors:
         for e in errors:
             print(f"hip_check: FAIL {e}")

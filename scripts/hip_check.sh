@@ -25,17 +25,23 @@
 #      gfx942/gfx950: Debian's 5.2 libraries predate them; nothing used depends
 #      on it), as hipcc would link them; the assembly then has no calls.
 #   4. scripts/hip_asm_report.py prints a per-kernel table (VGPR, AGPR, SGPR,
-#      scratch, LDS, waves/SIMD, MFMA count) and FAILS unless every decode
-#      kernel contains v_mfma, every kernel's scratch is within
+#      scratch, LDS, waves/SIMD, MFMA count, fp8 MFMA count) and FAILS unless
+#      every decode kernel contains v_mfma, the fp8 decode kernels use only
+#      fp8 MFMA (v_mfma_f32_16x16x32_fp8_fp8) where the target has it for the
+#      format (gfx942: both e4m3 flavours; gfx950: OCP), every kernel's scratch is within
 #      HIP_CHECK_SCRATCH_BUDGET bytes (default 0: no private segment at all),
 #      no kernel calls a function or uses a dynamic stack, and LDS <= 64 KB.
 #   5. The hipified kernels are also compiled for the host against
 #      scripts/hip_emu/hip/hip_runtime.h (a small HIP emulation: fibers for
-#      lanes, waves run in random subsets, MFMA computed from its documented
-#      lane layout) and run on 13 decode problems against a float64 reference,
-#      once as gfx942 (fnuz fp8 in hardware) and once as gfx950 (OCP fp8 in
-#      hardware), after exhaustive checks of the register dequantisers. This
-#      checks the kernel logic, not the hardware. HIP_CHECK_EMU=0 skips it.
+#      lanes, waves run in random subsets, bf16 and fp8 MFMA computed from
+#      their documented lane layouts) and run on 16 decode problems against a
+#      float64 reference (per-element bound and relative Frobenius error < 8e-3,
+#      the tests' contract; printed per problem), once as gfx942 (fnuz fp8 in
+#      hardware) and once as gfx950 (OCP fp8 in hardware), after exhaustive
+#      checks of the register dequantisers, of the MFMA emulation against a
+#      scalar matrix product and of the fp8-MFMA path's split / byte fix-up
+#      helpers. This checks the kernel logic, not the hardware.
+#      HIP_CHECK_EMU=0 skips it.
 #
 # Environment: HIP_CHECK_OUT=DIR keeps the .s files (DIR/ARCH/*.s);
 # HIP_CHECK_ARCHS (default "gfx942 gfx950 gfx90a"); HIP_CLANG (default

@@ -1,5 +1,6 @@
 // Split-KV MLA decode kernel for AMD CDNA (gfx90a, gfx942 = MI300, gfx950 =
-// MI355X): bf16 MFMA, wave64. Same contract as decode_kernel.cuh (see
+// MI355X): bf16 MFMA, and fp8 MFMA for fp8 caches where the target has it
+// (see "fp8 MFMA path" below), wave64. Same contract as decode_kernel.cuh (see
 // decode_common.h); decode_<format>.cu include this file instead of that one
 // when MLA_PLATFORM_HIP.
 //
@@ -54,13 +55,70 @@
 //                                    conflict-free 8-byte operand reads)
 //   flag, alpha, m, l
 //
-// Why no fp8 MFMA (v_mfma_f32_16x16x32_fp8_fp8 on gfx942/gfx950): both
-// operands of an fp8 MFMA must be fp8, so Q (for QK^T) and P (for PV) would
-// have to be quantised to fp8 on the fly, adding an error the CUDA kernel does
-// not have (and, for Q, a scale per head). At the competition's H = 16 every
-// format is far below the bf16 MFMA roof, so only the cache bytes matter, and
-// those are read as fp8 / MXFP4. (At H = 128 fp8 / MXFP4 caches would reach
-// the bf16 MFMA roof of an MI355X: see docs/amd.md for where an fp8 path pays.)
+// fp8 MFMA path (Fmt<F>::kFp8Mfma: fp8 caches on targets whose fp8 MFMA reads
+// the cache's bytes; a compile-time function of target and format):
+//   gfx942 (fnuz MFMA): fp8_e4m3fnuz as is; fp8_e4m3fn through the factor-2
+//           relation of the two flavours (Fmt::kFp8Ratio, bytes 0x80 / 0x7F /
+//           0xFF fixed up in registers: -0 -> +0, NaN -> the fnuz NaN 0x80);
+//   gfx950 (OCP MFMA): fp8_e4m3fn only (an fnuz 0x7F = 240 would be 480 in
+//           OCP units, over the OCP maximum 448: fnuz caches keep bf16 MFMA);
+//   gfx90a, MXFP4, bf16: bf16 MFMA as described above.
+// The cache's raw fp8 bytes go to LDS unchanged (no decode at all) and are
+// the A operands of v_mfma_f32_16x16x32_fp8_fp8 through
+//   __builtin_amdgcn_mfma_f32_16x16x32_fp8_fp8(long a, long b, float4 c, cbsz, abid, blgp)
+// D(16x16 fp32) = A(16x32 fp8) * B(32x16 fp8) + C, one wave; with cbsz = abid
+// = blgp = 0, lane l (g = l / 16):
+//   A: row l % 16, k = 8g .. 8g+7      (8 fp8 = 2 VGPRs, byte j = k 8g + j)
+//   B: col l % 16, k = 8g .. 8g+7      (8 fp8 = 2 VGPRs)
+//   C/D: col l % 16, rows 4g .. 4g+3   (4 fp32, as for the bf16 instruction)
+// (AMD, "Matrix Core Programming on AMD CDNA3 and CDNA4 architecture" and the
+// CDNA3 ISA, section 7: the fp8 MFMAs take 8 consecutive k per lane group;
+// A[i][k] in lane 16 floor(k/8) + i, byte k % 8; CDNA3 reads fp8 as
+// E4M3FNUZ, CDNA4 as OCP E4M3FN; products are exact and accumulate in fp32.)
+// Again only the pairing of A's and B's (lane, byte) -> k maps matters, and
+// both operands use the same one.
+// Q and P are not fp8, so each is split into two fp8 terms (fp8_split):
+//   x ~ hi + lo,  hi = rne8(s x),  lo = rne8(s x - hi),  s a power of two,
+// where rne8 rounds to the target's e4m3 grid (4 significant bits, subnormals
+// included; integer code, not the hardware convert, so it is exactly the code
+// the emulator checks), and S = (hi.K + lo.K) / s is two MFMAs on the same K
+// bytes (likewise O += V (hi + lo), P's scale folded into the output scale).
+// Error of the split (t = the flavour's top exponent used, see kFp8TopExp):
+//   * q (bf16: 8 significant bits) with s x in [2^t, 2^(t+1)) for the row's
+//     largest |q|: s x - hi is a multiple of ulp_bf16(s x) and at most
+//     half an fp8 ulp, so it has <= 4 significant bits and lo = s x - hi is
+//     EXACT unless it falls below the fp8 subnormal quantum (2^-10 fnuz,
+//     2^-9 OCP): every q with |q| >= 2^-9 max|q| of its row (per 288 dims) is
+//     represented exactly; smaller ones err by <= half a quantum, i.e.
+//     <= 2^-17 max|q| absolute. Scores are then K.q up to fp32 accumulation:
+//     no error comparable to bf16's at all.
+//   * p (fp32, in [0, 1], s = kFp8PScale = 2^7 fnuz / 2^8 OCP: s p <= 128 /
+//     256, under 240 / 448): lo's own rounding error is <= half an ulp of a
+//     number below 2^(E-4) (E = exponent of s p), so |p' - p| <= 2^-8 p
+//     (bf16's P rounding: <= 2^-9 p), unbiased (round to nearest even), plus
+//     at most half a quantum, 2^-18, absolute where lo is subnormal
+//     (p < ~2^-10). Relative to the row sum l >= 1 (the running maximum has
+//     p = 1) that adds <= 2^-18 per key, random in sign. Scaling by less
+//     would raise the underflow floor; by more would overflow the flavour.
+//   * K and V bytes are used exactly, as the bf16 path's exact dequantisation.
+// Measured in the host emulation (docs/amd.md): the same relative Frobenius
+// error as the bf16-MFMA path (~1-2e-3, dominated by the bf16 output).
+// Q scales are per (head, wave): a wave's 288 dims of one head are one
+// column of its B operand, so 1 / s multiplies its partial score column
+// exactly before the partial tiles are summed.
+// Stage structure of the fp8 path (differences from steps 0-3 above):
+//   0. raw bytes -> LDS unchanged (OCP bytes on gfx942: the fix-up above);
+//   1. 576 / 32 = 18 k-steps do not split over 4 waves, so wave w takes token
+//      tile w & 1 over dims [288 (w >> 1), +288): 9 k-steps x (hi, lo) = 18
+//      MFMAs, two partial tiles meet in LDS;
+//   2. P * kFp8PScale is split into hi / lo fp8 codes (LDS p8);
+//   3. one k-step of 32 tokens: m-tile i (0..7) row m = value dim
+//      128 w + 8m + i; a lane reads 8 bytes (8 dims) of each of its 8 tokens
+//      and transposes the 8x8 bytes with v_perm_b32 (32 per stage); 8 x (hi,
+//      lo) = 16 MFMAs. Same 34 MFMAs per stage as the bf16 path, no decode.
+// LDS of the fp8 path (SmemFp8, 24896 bytes: two workgroups per gfx942 CU):
+//   kv 32 rows x 584 bytes (raw fp8, 146 dwords per row), red 2 x 16 x 36
+//   fp32, p8 2 x 16 x 40 bytes, flag, alpha, m, l.
 #pragma once
 
 #include <stdint.h>
@@ -111,6 +169,31 @@ struct alignas(16) Smem {
 };
 static_assert(sizeof(Smem) <= MLA_MAX_SMEM_BYTES, "LDS budget exceeded");
 
+// fp8-MFMA path: the stage's raw fp8 bytes. Row stride 584 bytes = 146 dwords
+// (18 mod 32 banks): the 16 rows read at one offset by an A operand (8 bytes
+// each) fall on 16 distinct bank pairs; V reads are 128 contiguous bytes per
+// 16 lanes. P is kept as its two fp8 terms.
+constexpr int kRawRow = kHeadDimQK + 8;        // bytes per LDS row
+constexpr int kQkHalf = kHeadDimQK / 2;        // 288 dims per QK wave
+constexpr int kQkSteps8 = kQkHalf / 32;        // 9 k-steps of 32
+constexpr int kP8Stride = kBlockN + 8;         // bytes per P row (10 dwords: conflict-free 8-byte reads)
+static_assert(kQkSteps8 * 32 * 2 == kHeadDimQK, "fp8 QK split");
+static_assert(kVDimsPerWave == 16 * 8, "fp8 PV: 16 lanes x 8 dims per wave");
+struct alignas(16) SmemFp8 {
+  uint8_t kv[kBlockN * kRawRow];
+  float red[2][kTileRows][kRedStride];   // partial score tiles, one per half of the head dim
+  uint8_t p8[2][kTileRows][kP8Stride];   // P terms: [0] hi, [1] lo (fp8 codes of P * kFp8PScale)
+  int32_t flag[kBlockN];
+  float alpha[kTileRows];
+  float m[kTileRows];
+  float l[kTileRows];
+};
+static_assert(sizeof(SmemFp8) <= MLA_MAX_SMEM_BYTES, "LDS budget exceeded");
+template <bool kFp8Mfma>
+struct SmemOf { typedef Smem type; };
+template <>
+struct SmemOf<true> { typedef SmemFp8 type; };
+
 // Raw cache bytes per row, and how a stage splits into 16-byte chunks.
 template <KvFormat F>
 struct Fmt {
@@ -147,6 +230,15 @@ struct Fmt {
                                      : (F == KvFormat::kFp8E4M3FNUZ && kNativeOcp)  ? 0.5f
                                                                                     : 1.f;
   static constexpr bool kFp8Fixups = kHwFp8 && kFp8Ratio != 1.f;
+  // fp8 MFMA on the raw cache bytes (see the header): fnuz MFMA (gfx942) for
+  // either flavour, OCP MFMA (gfx950) for the OCP flavour only.
+  static constexpr bool kFp8Mfma = kFp8 && (kNativeFnuz || (kNativeOcp && F == KvFormat::kFp8E4M3FN));
+  static constexpr bool kMfmaOcp = kNativeOcp;  // the flavour the fp8 MFMA reads
+  // Q: the row's largest |s q| lies in [2^kFp8TopExp, 2^(kFp8TopExp+1)),
+  // which rounds to at most 128 (fnuz, max 240) / 256 (OCP, max 448).
+  static constexpr int kFp8TopExp = kMfmaOcp ? 7 : 6;
+  // P in [0, 1] times this: at most 128 / 256.
+  static constexpr float kFp8PScale = kMfmaOcp ? 256.f : 128.f;
 };
 // MXFP4: a 16-byte chunk is 32 codes = exactly one E8M0 block.
 static_assert(Fmt<KvFormat::kMxfp4>::kElemsPerChunk == kMxBlock, "one MX block per chunk");
@@ -274,12 +366,91 @@ __device__ __forceinline__ uint32_t pick_halves(uint32_t w0, uint32_t w1, bool h
   return hi ? ((w0 >> 16) | (w1 & 0xffff0000u)) : ((w0 & 0xffffu) | (w1 << 16));
 }
 
+// ---- fp8-MFMA path helpers ---------------------------------------------------
+// x rounded to nearest even on the e4m3 grid of the flavour (OCP: normals
+// from 2^-6, subnormal quantum 2^-9; fnuz: 2^-7 and 2^-10), without range
+// limit at the top (callers stay below the flavour's maximum). NaN stays NaN.
+template <bool kOcp>
+__device__ __forceinline__ float fp8_round(float x) {
+  constexpr float kMinNormal = kOcp ? 0x1p-6f : 0x1p-7f;
+  constexpr float kQuantumShift = kOcp ? 0x1p14f : 0x1p13f;  // ulp_fp32(2^14) = 2^-9, ulp(2^13) = 2^-10
+  const float a = __builtin_fabsf(x);
+  float r;
+  if (a >= kMinNormal) {  // keep 3 mantissa bits, round to nearest even
+    uint32_t u = __float_as_uint(a);
+    u = (u + 0x7ffffu + ((u >> 20) & 1u)) & 0xfff00000u;
+    r = __uint_as_float(u);
+  } else {  // subnormal range (and NaN): a multiple of the quantum, RNE by fp32 addition
+    r = (a + kQuantumShift) - kQuantumShift;
+  }
+  return __builtin_copysignf(r, x);
+}
+
+// The e4m3 code (of the flavour) of v, which is on the flavour's grid and
+// within its range (fp8_round's results); NaN / inf -> the flavour's NaN,
+// zeros -> 0x00 (fnuz has no -0: 0x80 is its NaN).
+template <bool kOcp>
+__device__ __forceinline__ uint32_t fp8_code(float v) {
+  constexpr int kBias = kOcp ? 7 : 8;
+  constexpr int kMinExp = kOcp ? -6 : -7;
+  constexpr float kInvQuantum = kOcp ? 0x1p9f : 0x1p10f;
+  const uint32_t u = __float_as_uint(v);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a >= 0x7f800000u) return kOcp ? 0x7fu : 0x80u;
+  if (a == 0u) return 0u;
+  const int e = static_cast<int>(a >> 23) - 127;
+  const uint32_t mag = e >= kMinExp ? (static_cast<uint32_t>(e + kBias) << 3) | ((a >> 20) & 7u)
+                                    : static_cast<uint32_t>(__uint_as_float(a) * kInvQuantum);  // 1..7, exact
+  return ((u >> 24) & 0x80u) | mag;
+}
+
+// Two-term fp8 split of x (already scaled): x ~ hi + lo (see the header for
+// the error). Returns hi's code in bits 0-7 and lo's in bits 8-15.
+template <bool kOcp>
+__device__ __forceinline__ uint32_t fp8_split(float x) {
+  const float hi = fp8_round<kOcp>(x);
+  const float lo = fp8_round<kOcp>(x - hi);  // x - hi is exact in fp32
+  return fp8_code<kOcp>(hi) | (fp8_code<kOcp>(lo) << 8);
+}
+
+// OCP e4m3 bytes read by the fnuz MFMA (gfx942): every byte means half its
+// OCP value (kFp8Ratio = 2 folds the factor into the scale), except 0x80
+// (OCP -0, fnuz NaN) -> 0x00 and 0x7F / 0xFF (OCP NaN, fnuz +-240) -> 0x80.
+__device__ __forceinline__ uint32_t fp8_ocp_bytes_as_fnuz(uint32_t w) {
+  const uint32_t low7 = w & 0x7f7f7f7fu;
+  const uint32_t nan = (low7 + 0x01010101u) & 0x80808080u;            // bit 7 set: low 7 bits == 0x7F
+  const uint32_t negz = ~(low7 + 0x7f7f7f7fu) & w & 0x80808080u;     // bit 7 set: byte == 0x80
+  const uint32_t fix = ((nan | negz) >> 7) * 0xffu;                    // whole bytes
+  return (w & ~fix) | nan;
+}
+
+__device__ __forceinline__ f32x4_t mfma_fp8(u32x2_t a, u32x2_t b, f32x4_t c) {
+#if defined(MLA_NATIVE_FP8_FNUZ) || defined(MLA_NATIVE_FP8_OCP) || !defined(__HIP_DEVICE_COMPILE__)
+  return __builtin_amdgcn_mfma_f32_16x16x32_fp8_fp8(__builtin_bit_cast(long, a), __builtin_bit_cast(long, b), c, 0,
+                                                    0, 0);
+#else
+  return c;  // not reached: Fmt<F>::kFp8Mfma is false on targets without fp8 MFMA
+#endif
+}
+
+// 4x4 byte transpose: byte e of out[i] = byte i of w[e].
+__device__ __forceinline__ void transpose_bytes4(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3, uint32_t (&out)[4]) {
+  const uint32_t a_lo = perm_bytes(w1, w0, 0x05010400u), a_hi = perm_bytes(w1, w0, 0x07030602u);  // w0/w1 bytes 0,1 | 2,3
+  const uint32_t b_lo = perm_bytes(w3, w2, 0x05010400u), b_hi = perm_bytes(w3, w2, 0x07030602u);
+  out[0] = perm_bytes(b_lo, a_lo, 0x05040100u);
+  out[1] = perm_bytes(b_lo, a_lo, 0x07060302u);
+  out[2] = perm_bytes(b_hi, a_hi, 0x05040100u);
+  out[3] = perm_bytes(b_hi, a_hi, 0x07060302u);
+}
+
 template <KvFormat F>
 __global__ void __launch_bounds__(kThreads) mla_decode_split_kernel_mfma(const DecodeLaunch args) {
   using Fm = Fmt<F>;
   constexpr bool kMx = Fm::kMx;
   constexpr bool kFp8 = Fm::kFp8;
-  __shared__ Smem smem;
+  constexpr bool kF8 = Fm::kFp8Mfma;  // fp8-MFMA path (raw bytes in LDS, split Q and P)
+  constexpr bool kOcp = Fm::kMfmaOcp;
+  __shared__ typename SmemOf<kF8>::type smem;
 
   const MlaDecodeParams& p = args.p;
   const int tid = threadIdx.x;
@@ -319,9 +490,53 @@ __global__ void __launch_bounds__(kThreads) mla_decode_split_kernel_mfma(const D
   }
 
   // ---- Q fragments (B operand of S^T = K Q^T), registers, whole kernel -------
-  // lane: head h0 + col, dims 144 wave + 16 kk + 4g .. +3.
+  // bf16 path: lane: head h0 + col, dims 144 wave + 16 kk + 4g .. +3.
+  // fp8 path: wave w computes token tile w & 1 over dims [288 (w >> 1), +288);
+  // lane: head h0 + col, dims 288 (w >> 1) + 32 kk + 8g .. +7, split into hi /
+  // lo fp8 terms with one power-of-two scale per (head, wave).
   u32x2_t qf[kKSteps];
-  {
+  u32x2_t qhi[kQkSteps8], qlo[kQkSteps8];
+  float q_unscale = 1.f;  // 1 / s of this lane's head and wave
+  if constexpr (kF8) {
+    const int h = h0 + col;
+    const bool valid = !orphan && h < p.num_heads;
+    const uint16_t* q = static_cast<const uint16_t*>(p.q) + static_cast<int64_t>(t) * p.q_stride_token +
+                        static_cast<int64_t>(valid ? h : 0) * p.q_stride_head + kQkHalf * (wave >> 1) + 8 * g;
+    u32x4_t raw_q[kQkSteps8];
+    float amax = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kQkSteps8; ++kk) {
+      raw_q[kk] = valid ? *reinterpret_cast<const u32x4_t*>(q + 32 * kk) : u32x4_t{0u, 0u, 0u, 0u};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        amax = fmaxf(amax, __builtin_fabsf(__uint_as_float(raw_q[kk][j] << 16)));
+        amax = fmaxf(amax, __builtin_fabsf(__uint_as_float(raw_q[kk][j] & 0xffff0000u)));
+      }
+    }
+    amax = fmaxf(amax, mla_shfl_xor(amax, 16));  // the 4 lanes of this head = the wave's 288 dims
+    amax = fmaxf(amax, mla_shfl_xor(amax, 32));
+    // s = 2^(kFp8TopExp - exponent(amax)), within the normal range both ways
+    // (amax = 0 or subnormal: the largest; inf / NaN: the smallest, and such a
+    // q element becomes a NaN code).
+    int se = Fm::kFp8TopExp - (static_cast<int>(__float_as_uint(amax) >> 23) - 127);
+    se = se < -126 ? -126 : se > 126 ? 126 : se;
+    const float qs = __uint_as_float(static_cast<uint32_t>(se + 127) << 23);
+    q_unscale = __uint_as_float(static_cast<uint32_t>(127 - se) << 23);
+#pragma unroll
+    for (int kk = 0; kk < kQkSteps8; ++kk) {
+      uint32_t hw[2] = {0u, 0u}, lw[2] = {0u, 0u};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {  // dim 8g + j -> byte j
+        const uint32_t bits = raw_q[kk][j / 2];
+        const float x = __uint_as_float((j & 1) ? (bits & 0xffff0000u) : (bits << 16));
+        const uint32_t c = fp8_split<kOcp>(x * qs);
+        hw[j / 4] |= (c & 0xffu) << (8 * (j % 4));
+        lw[j / 4] |= (c >> 8) << (8 * (j % 4));
+      }
+      qhi[kk] = u32x2_t{hw[0], hw[1]};
+      qlo[kk] = u32x2_t{lw[0], lw[1]};
+    }
+  } else {
     const int h = h0 + col;
     const bool valid = !orphan && h < p.num_heads;
     const uint16_t* q = static_cast<const uint16_t*>(p.q) + static_cast<int64_t>(t) * p.q_stride_token +
@@ -372,8 +587,19 @@ __global__ void __launch_bounds__(kThreads) mla_decode_split_kernel_mfma(const D
       if (idx >= Fm::kChunks) continue;
       const int n = idx / Fm::kChunksPerRow;
       const int ch = idx - n * Fm::kChunksPerRow;
-      u32x2_t* dst = reinterpret_cast<u32x2_t*>(smem.kv + n * kLdsRow + ch * Fm::kElemsPerChunk);
       const u32x4_t w = raw[s];
+      if constexpr (kF8) {  // raw bytes; rows are 8-byte aligned (584-byte stride)
+        u32x2_t* dst = reinterpret_cast<u32x2_t*>(smem.kv + n * kRawRow + ch * 16);
+        if constexpr (Fm::kFp8Fixups) {  // OCP bytes for the fnuz MFMA (gfx942)
+          dst[0] = u32x2_t{fp8_ocp_bytes_as_fnuz(w.x), fp8_ocp_bytes_as_fnuz(w.y)};
+          dst[1] = u32x2_t{fp8_ocp_bytes_as_fnuz(w.z), fp8_ocp_bytes_as_fnuz(w.w)};
+        } else {
+          dst[0] = u32x2_t{w.x, w.y};
+          dst[1] = u32x2_t{w.z, w.w};
+        }
+        continue;
+      }
+      u32x2_t* dst = reinterpret_cast<u32x2_t*>(smem.kv + n * kLdsRow + ch * Fm::kElemsPerChunk);
       if constexpr (F == KvFormat::kBf16) {
         dst[0] = u32x2_t{w.x, w.y};
         dst[1] = u32x2_t{w.z, w.w};
@@ -409,8 +635,22 @@ __global__ void __launch_bounds__(kThreads) mla_decode_split_kernel_mfma(const D
     if (it + 1 < n_tiles) issue_tile(it + 1);  // in flight during this stage's math
     __syncthreads();  // (B) stage it visible
 
-    // ---- 1. partial S^T = K Q^T over this wave's 144 dims -------------------
-    {
+    // ---- 1. partial S^T = K Q^T -------------------------------------------------
+    if constexpr (kF8) {
+      // Token tile nt = wave & 1, dims 288 (wave >> 1) + 32 kk + 8g .. +7: 9 k-steps,
+      // hi and lo terms in two accumulators (independent MFMA chains).
+      const int nt = wave & 1, hh = wave >> 1;
+      f32x4_t acc_hi = f32x4_t{0.f, 0.f, 0.f, 0.f}, acc_lo = acc_hi;
+      const uint8_t* krow = smem.kv + (16 * nt + col) * kRawRow + kQkHalf * hh + 8 * g;
+#pragma unroll
+      for (int kk = 0; kk < kQkSteps8; ++kk) {
+        const u32x2_t a = *reinterpret_cast<const u32x2_t*>(krow + 32 * kk);
+        acc_hi = mfma_fp8(a, qhi[kk], acc_hi);
+        acc_lo = mfma_fp8(a, qlo[kk], acc_lo);
+      }
+      // D: tokens 16 nt + 4g .. +3 of head col, in units of s: undo it (exact).
+      *reinterpret_cast<f32x4_t*>(&smem.red[hh][col][16 * nt + 4 * g]) = (acc_hi + acc_lo) * q_unscale;
+    } else {
       f32x4_t s_acc[2];
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
@@ -430,8 +670,9 @@ __global__ void __launch_bounds__(kThreads) mla_decode_split_kernel_mfma(const D
     // ---- 2. online softmax: 16 threads per row, 2 tokens each --------------
     {
       float sv[2] = {0.f, 0.f};
+      constexpr int kParts = kF8 ? 2 : kWaves;  // partial score tiles
 #pragma unroll
-      for (int w = 0; w < kWaves; ++w) {
+      for (int w = 0; w < kParts; ++w) {
         const f32x2_t x = *reinterpret_cast<const f32x2_t*>(&smem.red[w][sm_row][sm_col]);
         sv[0] += x.x;
         sv[1] += x.y;
@@ -465,7 +706,15 @@ __global__ void __launch_bounds__(kThreads) mla_decode_split_kernel_mfma(const D
       for (int off = 1; off < kRowThreads; off <<= 1) psum += mla_shfl_xor(psum, off);
       l_run = l_run * alpha + psum;
       m_run = m_new;
-      *reinterpret_cast<uint32_t*>(&smem.p[sm_row][sm_col]) = mla_pack_bf16x2(pv[0], pv[1]);
+      if constexpr (kF8) {
+        // P * kFp8PScale as hi / lo fp8 terms (NaN -> NaN codes, 0 -> 0).
+        const uint32_t c0 = fp8_split<kOcp>(pv[0] * Fm::kFp8PScale);
+        const uint32_t c1 = fp8_split<kOcp>(pv[1] * Fm::kFp8PScale);
+        *reinterpret_cast<uint16_t*>(&smem.p8[0][sm_row][sm_col]) = static_cast<uint16_t>((c0 & 0xffu) | ((c1 & 0xffu) << 8));
+        *reinterpret_cast<uint16_t*>(&smem.p8[1][sm_row][sm_col]) = static_cast<uint16_t>((c0 >> 8) | (c1 & 0xff00u));
+      } else {
+        *reinterpret_cast<uint32_t*>(&smem.p[sm_row][sm_col]) = mla_pack_bf16x2(pv[0], pv[1]);
+      }
       if (tid % kRowThreads == 0) smem.alpha[sm_row] = alpha;
     }
     __syncthreads();  // (D) P and alpha visible
@@ -474,7 +723,30 @@ __global__ void __launch_bounds__(kThreads) mla_decode_split_kernel_mfma(const D
     // m-tile j = 4q + i, A row m: value dim 128 wave + 64 q + 4m + i. A lane
     // reads 4 contiguous dims (8 bytes) of each of its 4 tokens and regroups
     // them into the four m-tiles' operands, so every LDS read is a row read.
-    {
+    if constexpr (kF8) {
+      // One k-step of 32 tokens. m-tile i (0..7), A row m: value dim
+      // 128 wave + 8m + i; k = token 8g + e (byte e). A lane reads 8 contiguous
+      // dims (8 bytes) of each of its 8 tokens and transposes the 8x8 bytes,
+      // so every LDS read is a row read. B: P terms of head col, tokens 8g .. +7.
+      const float alpha = smem.alpha[col];
+#pragma unroll
+      for (int j = 0; j < kVTiles; ++j) o[j] *= alpha;
+      const u32x2_t ph = *reinterpret_cast<const u32x2_t*>(&smem.p8[0][col][8 * g]);
+      const u32x2_t pl = *reinterpret_cast<const u32x2_t*>(&smem.p8[1][col][8 * g]);
+      const uint8_t* vrow = smem.kv + (8 * g) * kRawRow + kVDimsPerWave * wave + 8 * col;
+      u32x2_t x[8];  // token 8g + e: dims 8col .. 8col+3 in .x, 8col+4 .. +7 in .y
+#pragma unroll
+      for (int e = 0; e < 8; ++e) x[e] = *reinterpret_cast<const u32x2_t*>(vrow + e * kRawRow);
+      uint32_t t_lo[2][4], t_hi[2][4];  // [dims 0-3 | 4-7][i % 4]: tokens 0-3 (lo dword) / 4-7 (hi dword)
+      transpose_bytes4(x[0].x, x[1].x, x[2].x, x[3].x, t_lo[0]);
+      transpose_bytes4(x[4].x, x[5].x, x[6].x, x[7].x, t_hi[0]);
+      transpose_bytes4(x[0].y, x[1].y, x[2].y, x[3].y, t_lo[1]);
+      transpose_bytes4(x[4].y, x[5].y, x[6].y, x[7].y, t_hi[1]);
+#pragma unroll
+      for (int i = 0; i < kVTiles; ++i) o[i] = mfma_fp8(u32x2_t{t_lo[i / 4][i % 4], t_hi[i / 4][i % 4]}, ph, o[i]);
+#pragma unroll
+      for (int i = 0; i < kVTiles; ++i) o[i] = mfma_fp8(u32x2_t{t_lo[i / 4][i % 4], t_hi[i / 4][i % 4]}, pl, o[i]);
+    } else {
       const float alpha = smem.alpha[col];
 #pragma unroll
       for (int j = 0; j < kVTiles; ++j) o[j] *= alpha;
@@ -510,6 +782,7 @@ __global__ void __launch_bounds__(kThreads) mla_decode_split_kernel_mfma(const D
   if (h >= p.num_heads) return;
   float out_scale = 1.f;
   if constexpr (kFp8) out_scale = *p.fp8_scale * Fm::kFp8Ratio;
+  if constexpr (kF8) out_scale *= 1.f / Fm::kFp8PScale;  // O accumulated P * kFp8PScale
   const float l = smem.l[col];
   const float m = smem.m[col];
   float inv = l > 0.f ? out_scale / l : 0.f;
@@ -517,6 +790,32 @@ __global__ void __launch_bounds__(kThreads) mla_decode_split_kernel_mfma(const D
   if (__builtin_isnan(l) || orphan) {
     inv = MLA_NAN;
     lse = MLA_NAN;
+  }
+  if constexpr (kF8) {
+    // o[i][r] is dim 128 wave + 8 (4g + r) + i = 128 wave + 32 g + 8 r + i of head h.
+    if (args.num_splits == 1) {
+      uint32_t* d32 = reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.out) + static_cast<int64_t>(t) * p.out_stride_token +
+                                                  static_cast<int64_t>(h) * p.out_stride_head + kVDimsPerWave * wave + 32 * g);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+#pragma unroll
+        for (int i = 0; i < 8; i += 2) d32[(8 * r + i) / 2] = mla_pack_bf16x2(o[i][r] * inv, o[i + 1][r] * inv);
+      }
+      if (wave == 0 && g == 0) {
+        p.lse[static_cast<int64_t>(t) * p.lse_stride_token + static_cast<int64_t>(h) * p.lse_stride_head] = lse;
+      }
+    } else {
+      const int64_t row = static_cast<int64_t>(t) * p.num_heads + h;
+      const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
+      float* dst = args.partial_out + (static_cast<int64_t>(split) * rows + row) * kHeadDimV + kVDimsPerWave * wave + 32 * g;
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        *reinterpret_cast<f32x4_t*>(dst + 8 * r) = f32x4_t{o[0][r] * inv, o[1][r] * inv, o[2][r] * inv, o[3][r] * inv};
+        *reinterpret_cast<f32x4_t*>(dst + 8 * r + 4) = f32x4_t{o[4][r] * inv, o[5][r] * inv, o[6][r] * inv, o[7][r] * inv};
+      }
+      if (wave == 0 && g == 0) args.partial_lse[static_cast<int64_t>(split) * rows + row] = lse;
+    }
+    return;
   }
   // o[4q + i][r] is dim 128 wave + 64 q + 16 g + 4 r + i of head h.
   if (args.num_splits == 1) {

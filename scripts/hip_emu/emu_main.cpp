@@ -384,6 +384,172 @@ int check_decoders() {
   return bad;
 }
 
+// ---- fp8-MFMA path: the instruction emulation and the kernel's fp8 helpers ----
+
+// The target's fp8 flavour as formats.h decodes it (independent of the
+// emulator's own decoder).
+float target_fp8(uint8_t c) {
+#if defined(__gfx950__)
+  return e4m3fn_to_float(c);
+#else
+  return e4m3fnuz_to_float(c);
+#endif
+}
+
+// One wave: A (16 x 32 fp8, row-major) and B (32 x 16) are handed to the MFMA
+// builtins in the layout the kernel's header documents; D (16 x 16) written
+// back from that layout.
+__global__ void mfma_fp8_probe(const uint8_t* A, const uint8_t* B, const float* C, float* D) {
+  const int l = threadIdx.x, i = l % 16, g = l / 16;
+  uint64_t a = 0, b = 0;
+  for (int j = 0; j < 8; ++j) {
+    a |= static_cast<uint64_t>(A[i * 32 + 8 * g + j]) << (8 * j);   // A[i][8g + j]
+    b |= static_cast<uint64_t>(B[(8 * g + j) * 16 + i]) << (8 * j); // B[8g + j][col i]
+  }
+  emu::f32x4 c;
+  for (int r = 0; r < 4; ++r) c[r] = C[(4 * g + r) * 16 + i];
+  const emu::f32x4 d = __builtin_amdgcn_mfma_f32_16x16x32_fp8_fp8(static_cast<long>(a), static_cast<long>(b), c, 0, 0, 0);
+  for (int r = 0; r < 4; ++r) D[(4 * g + r) * 16 + i] = d[r];
+}
+__global__ void mfma_bf16_probe(const uint16_t* A, const uint16_t* B, const float* C, float* D) {
+  const int l = threadIdx.x, i = l % 16, g = l / 16;
+  emu::bf16x4 a, b;
+  for (int j = 0; j < 4; ++j) {
+    a[j] = static_cast<short>(A[i * 16 + 4 * g + j]);
+    b[j] = static_cast<short>(B[(4 * g + j) * 16 + i]);
+  }
+  emu::f32x4 c;
+  for (int r = 0; r < 4; ++r) c[r] = C[(4 * g + r) * 16 + i];
+  const emu::f32x4 d = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(a, b, c, 0, 0, 0);
+  for (int r = 0; r < 4; ++r) D[(4 * g + r) * 16 + i] = d[r];
+}
+
+// The emulated MFMAs against a scalar matrix product (float64, formats.h
+// decoders): random codes of every kind (subnormals and zeros included; one
+// trial with a NaN code in A, whose row must be NaN).
+int check_mfma() {
+  int bad = 0;
+  std::mt19937 rng(21);
+  for (int trial = 0; trial < 20; ++trial) {
+    std::vector<uint8_t> A(16 * 32), B(32 * 16);
+    std::vector<float> C(256), D(256), Db(256);
+    for (auto& x : A) { x = static_cast<uint8_t>(rng()); if (std::isnan(target_fp8(x))) x = 0x11; }
+    for (auto& x : B) { x = static_cast<uint8_t>(rng()); if (std::isnan(target_fp8(x))) x = 0x22; }
+    for (auto& x : C) x = static_cast<float>(static_cast<int>(rng() % 2001) - 1000) / 64.f;
+    const int nan_row = trial == 7 ? 5 : -1;
+#if defined(__gfx950__)
+    if (nan_row >= 0) A[nan_row * 32 + 13] = 0x7f;
+#else
+    if (nan_row >= 0) A[nan_row * 32 + 13] = 0x80;
+#endif
+    emu::launch(mfma_fp8_probe, dim3(1), dim3(64), A.data(), B.data(), C.data(), D.data());
+    for (int i = 0; i < 16; ++i) {
+      for (int j = 0; j < 16; ++j) {
+        double want = C[i * 16 + j];
+        for (int k = 0; k < 32; ++k) want += static_cast<double>(target_fp8(A[i * 32 + k])) * target_fp8(B[k * 16 + j]);
+        const double got = D[i * 16 + j];
+        const bool ok = i == nan_row ? std::isnan(got) : std::fabs(got - want) <= 1e-6 * std::max(1.0, std::fabs(want));
+        if (!ok && ++bad <= 5) printf("    FAIL fp8 MFMA emulation: D[%d][%d] = %g, want %g\n", i, j, got, want);
+      }
+    }
+    // bf16 16x16x16: bf16 values of random floats.
+    std::vector<uint16_t> Ab(16 * 16), Bb(16 * 16);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    for (auto& x : Ab) x = to_bf16(nd(rng));
+    for (auto& x : Bb) x = to_bf16(nd(rng));
+    emu::launch(mfma_bf16_probe, dim3(1), dim3(64), Ab.data(), Bb.data(), C.data(), Db.data());
+    for (int i = 0; i < 16; ++i) {
+      for (int j = 0; j < 16; ++j) {
+        double want = C[i * 16 + j];
+        for (int k = 0; k < 16; ++k) want += bf16_value(Ab[i * 16 + k]) * bf16_value(Bb[k * 16 + j]);
+        if (!(std::fabs(Db[i * 16 + j] - want) <= 1e-6 * std::max(1.0, std::fabs(want))) && ++bad <= 5) {
+          printf("    FAIL bf16 MFMA emulation: D[%d][%d] = %g, want %g\n", i, j, Db[i * 16 + j], want);
+        }
+      }
+    }
+  }
+  printf("%s  MFMA emulation vs scalar matrix product: fp8 16x16x32 (%s), bf16 16x16x16 (20 random matrices each)\n",
+         bad ? "FAIL" : "ok  ",
+#if defined(__gfx950__)
+         "OCP e4m3fn"
+#else
+         "e4m3fnuz"
+#endif
+  );
+  return bad;
+}
+
+// The kernel's fp8 helpers (decode_kernel_mfma.cuh), for both flavours:
+//   * fp8_split of every bf16 value below the Q bound 2^(kFp8TopExp + 1):
+//     hi + lo == x exactly where x's bf16 ulp is at least the fp8 subnormal
+//     quantum, within half a quantum elsewhere; no code is out of range or
+//     NaN (and never 0x80 in fnuz);
+//   * fp8_split of P values (all bf16 values in [0, 1] plus 2^20 random
+//     floats) times kFp8PScale: |hi + lo - x| <= 2^-8 |x| + quantum / 2;
+//   * NaN -> NaN code;
+//   * fp8_ocp_bytes_as_fnuz on every byte in every position.
+int check_fp8_helpers() {
+  int bad = 0;
+  auto one = [&](auto ocp_tag) {
+    constexpr bool kOcp = decltype(ocp_tag)::value;
+    const int top = kOcp ? 7 : 6;
+    const double quantum = kOcp ? std::ldexp(1.0, -9) : std::ldexp(1.0, -10);
+    const int min_exact_exp = (kOcp ? -6 : -7) + 4;
+    const double pscale = kOcp ? 256.0 : 128.0;
+    auto dec = [](uint32_t c) { return kOcp ? e4m3fn_to_float(static_cast<uint8_t>(c)) : e4m3fnuz_to_float(static_cast<uint8_t>(c)); };
+    auto codes_ok = [&](uint32_t c) {
+      const uint32_t h = c & 0xff, l = c >> 8;
+      return !std::isnan(dec(h)) && !std::isnan(dec(l)) && l <= 0xff;
+    };
+    const char* fl = kOcp ? "OCP" : "fnuz";
+    for (uint32_t b = 0; b < 0x10000; ++b) {
+      const float x = bf16_bits_to_float(static_cast<uint16_t>(b));
+      if (!std::isfinite(x) || std::fabs(x) >= std::ldexp(1.0, top + 1)) continue;
+      const uint32_t c = cuda::mfma::fp8_split<kOcp>(x);
+      const double got = static_cast<double>(dec(c & 0xff)) + dec(c >> 8);
+      int ex;
+      std::frexp(x, &ex);  // x = f 2^ex, f in [0.5, 1): exponent ex - 1
+      const bool exact = x != 0 && ex - 1 >= min_exact_exp;
+      const double tol = exact ? 0.0 : quantum / 2;
+      if ((!codes_ok(c) || !(std::fabs(got - x) <= tol)) && ++bad <= 5) {
+        printf("    FAIL fp8_split (%s) of bf16 %g: codes 0x%02x 0x%02x -> %.9g\n", fl, x, c & 0xff, c >> 8, got);
+      }
+    }
+    std::mt19937 rng(5);
+    for (uint32_t n = 0; n < (1u << 20) + 0x3f81; ++n) {
+      float p;
+      if (n <= 0x3f80) p = bf16_bits_to_float(static_cast<uint16_t>(n));  // every bf16 in [0, 1]
+      else p = std::ldexp(static_cast<float>(rng() >> 8) / 16777216.f, -static_cast<int>(rng() % 24));
+      const float x = p * static_cast<float>(pscale);
+      const uint32_t c = cuda::mfma::fp8_split<kOcp>(x);
+      const double got = static_cast<double>(dec(c & 0xff)) + dec(c >> 8);
+      if ((!codes_ok(c) || !(std::fabs(got - x) <= std::ldexp(std::fabs(x), -8) + quantum / 2)) && ++bad <= 5) {
+        printf("    FAIL fp8_split (%s) of P %g: codes 0x%02x 0x%02x -> %.9g\n", fl, x, c & 0xff, c >> 8, got);
+      }
+    }
+    if (!std::isnan(dec(cuda::mfma::fp8_split<kOcp>(NAN) & 0xff)) && ++bad <= 5) printf("    FAIL fp8_split (%s) of NaN\n", fl);
+  };
+  one(std::integral_constant<bool, false>{});
+  one(std::integral_constant<bool, true>{});
+  std::mt19937 rng(9);
+  for (int pos = 0; pos < 4; ++pos) {
+    for (uint32_t c = 0; c < 256; ++c) {
+      const uint32_t w = (rng() & ~(0xffu << (8 * pos))) | (c << (8 * pos));
+      const uint32_t f = cuda::mfma::fp8_ocp_bytes_as_fnuz(w);
+      for (int i = 0; i < 4; ++i) {
+        const float want = e4m3fn_to_float(static_cast<uint8_t>(w >> (8 * i)));
+        const float got = 2.f * e4m3fnuz_to_float(static_cast<uint8_t>(f >> (8 * i)));
+        if (!((std::isnan(want) && std::isnan(got)) || want == got) && ++bad <= 5) {
+          printf("    FAIL fp8_ocp_bytes_as_fnuz: OCP 0x%02x -> fnuz 0x%02x\n", (w >> (8 * i)) & 0xff, (f >> (8 * i)) & 0xff);
+        }
+      }
+    }
+  }
+  printf("%s  fp8-MFMA helpers: fp8_split (both flavours: every bf16 Q value, 2^20 P values), OCP bytes -> fnuz\n",
+         bad ? "FAIL" : "ok  ");
+  return bad;
+}
+
 }  // namespace
 
 int main() {
@@ -458,6 +624,8 @@ int main() {
   }
 
   int failed = check_decoders() != 0;
+  failed += check_mfma() != 0;
+  failed += check_fp8_helpers() != 0;
   for (const Case& c : cases) {
     Problem pr;
     build(c, pr);

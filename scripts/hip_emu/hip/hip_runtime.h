@@ -17,6 +17,11 @@
 //   * The MFMA builtin is computed from the lane layout documented in
 //     csrc/cuda/decode_kernel_mfma.cuh (A row l%16 k 4(l/16)..+3, B col l%16
 //     k 4(l/16)..+3, D col l%16 rows 4(l/16)..+3), accumulating in double.
+//   * The fp8 MFMA builtin (v_mfma_f32_16x16x32_fp8_fp8) is computed from its
+//     documented lane layout (A row l%16 k 8(l/16)..+7 in bytes 0..7, B col
+//     l%16 k 8(l/16)..+7, D as above), decoding fp8 as the target does (fnuz
+//     on gfx942, OCP e4m3fn on gfx950, subnormals included, NaN codes give
+//     NaN), exact products accumulated in double.
 //   * __builtin_amdgcn_cvt_pk_f32_fp8 decodes e4m3fnuz when __gfx942__ is
 //     defined and OCP e4m3fn when __gfx950__ is, with decoders written here
 //     independently of csrc/mla_decode/formats.h; __builtin_amdgcn_perm is
@@ -339,6 +344,36 @@ inline float fp8_decode(uint32_t v) {
   return sign ? -mag : mag;
 }
 
+// v_mfma_f32_16x16x32_fp8_fp8 (CDNA3 / CDNA4): D = A (16x32) B (32x16) + C,
+// A[i][k] = byte k % 8 of lane i + 16 (k / 8), B[k][j] = byte k % 8 of lane
+// j + 16 (k / 8), D[i][j] = element i % 4 of lane j + 16 (i / 4).
+inline f32x4 mfma_f32_16x16x32_fp8_fp8(long a, long b, f32x4 c, int cbsz, int abid, int blgp) {
+  if (cbsz != 0 || abid != 0 || blgp != 0) {
+    fprintf(stderr, "hip_emu: MFMA broadcast modifiers are not emulated\n");
+    abort();
+  }
+  State& s = state();
+  struct AB { uint64_t a, b; } mine{static_cast<uint64_t>(a), static_cast<uint64_t>(b)};
+  memcpy(s.xfer[s.cur].data(), &mine, sizeof(AB));
+  wave_barrier();
+  const int l = lane_id(), base = wave_id() * kWave;
+  f32x4 d;
+  for (int r = 0; r < 4; ++r) {
+    const int i = 4 * (l / 16) + r, j = l % 16;
+    double acc = c[r];
+    for (int k = 0; k < 32; ++k) {
+      AB la, lb;
+      memcpy(&la, s.xfer[base + i + 16 * (k / 8)].data(), sizeof(AB));
+      memcpy(&lb, s.xfer[base + j + 16 * (k / 8)].data(), sizeof(AB));
+      const uint32_t ca = (la.a >> (8 * (k % 8))) & 0xff, cb = (lb.b >> (8 * (k % 8))) & 0xff;
+      acc += static_cast<double>(fp8_decode(ca)) * static_cast<double>(fp8_decode(cb));
+    }
+    d[r] = static_cast<float>(acc);
+  }
+  wave_barrier();
+  return d;
+}
+
 inline f32x2 cvt_pk_f32_fp8(int src, bool word_sel) {
   const uint32_t w = static_cast<uint32_t>(src) >> (word_sel ? 16 : 0);
   return f32x2{fp8_decode(w & 0xff), fp8_decode((w >> 8) & 0xff)};
@@ -372,6 +407,7 @@ inline uint32_t perm(uint32_t s0, uint32_t s1, uint32_t sel) {
 #define __syncthreads() ::emu::cta_barrier()
 #define __builtin_amdgcn_mfma_f32_16x16x16bf16_1k ::emu::mfma_f32_16x16x16bf16_1k
 #define __builtin_amdgcn_cvt_pk_f32_fp8 ::emu::cvt_pk_f32_fp8
+#define __builtin_amdgcn_mfma_f32_16x16x32_fp8_fp8 ::emu::mfma_f32_16x16x32_fp8_fp8
 #define hipLaunchKernelGGL(kernel, grid, block, shmem, stream, ...) ::emu::launch(kernel, grid, block, __VA_ARGS__)
 
 template <typename T>
