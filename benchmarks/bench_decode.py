@@ -376,8 +376,26 @@ class Peer:
         self.reason = "not probed"
         self.version = None
 
+    # The peer's module, and the module whose attribute `required` must exist.
+    module = None
+    required = (None, None)
+
     def probe(self, device):
-        raise NotImplementedError
+        """Available when on CUDA and its module (with the entry point we call) imports."""
+        if device.type != "cuda":
+            self.reason = "needs CUDA"
+            return
+        try:
+            import importlib
+            mod = importlib.import_module(self.module)
+            where, attr = self.required
+            getattr(importlib.import_module(where), attr)
+            self.mod = mod
+            self.version = getattr(mod, "__version__", "unknown")
+            self.available = True
+            self.reason = ""
+        except Exception as exc:  # noqa: BLE001
+            self.reason = f"not importable ({type(exc).__name__}: {exc})"
 
     def prepare(self, data):
         """Shape/length-keyed setup, done once per input set outside the timing."""
@@ -394,21 +412,9 @@ class FlashMLAPeer(Peer):
     prepare() (serving computes it once per step and reuses it over all layers)."""
 
     name = "flash_mla"
+    module = "flash_mla"
+    required = ("flash_mla", "flash_mla_with_kvcache")
     PAGE = 64
-
-    def probe(self, device):
-        if device.type != "cuda":
-            self.reason = "needs CUDA"
-            return
-        try:
-            import flash_mla
-            from flash_mla import flash_mla_with_kvcache, get_mla_metadata  # noqa: F401
-            self.mod = flash_mla
-            self.version = getattr(flash_mla, "__version__", "unknown")
-            self.available = True
-            self.reason = ""
-        except Exception as exc:  # noqa: BLE001
-            self.reason = f"not importable ({type(exc).__name__}: {exc})"
 
     def prepare(self, data):
         q, kv_data, qo_indptr, kv_indptr, config = data
@@ -440,22 +446,10 @@ class FlashInferPeer(Peer):
     plan() is done once per input set in prepare()."""
 
     name = "flashinfer"
+    module = "flashinfer"
+    required = ("flashinfer.mla", "BatchMLAPagedAttentionWrapper")
     PAGE = 64
     _workspace = None
-
-    def probe(self, device):
-        if device.type != "cuda":
-            self.reason = "needs CUDA"
-            return
-        try:
-            import flashinfer
-            from flashinfer.mla import BatchMLAPagedAttentionWrapper  # noqa: F401
-            self.mod = flashinfer
-            self.version = getattr(flashinfer, "__version__", "unknown")
-            self.available = True
-            self.reason = ""
-        except Exception as exc:  # noqa: BLE001
-            self.reason = f"not importable ({type(exc).__name__}: {exc})"
 
     def prepare(self, data):
         from flashinfer.mla import BatchMLAPagedAttentionWrapper
