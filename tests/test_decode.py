@@ -29,7 +29,7 @@ def run_op(case, num_splits=0, poisoned=True):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("num_heads,q_len", [(1, 1), (16, 1), (16, 3), (128, 1), (5, 3)])
+@pytest.mark.parametrize("num_heads,q_len", [(1, 1), (1, 3), (16, 1), (16, 3), (128, 1), (128, 3), (5, 3)])
 def test_decode_matches_reference(device, fmt, layout, num_heads, q_len):
     lengths = [37, 0, 5, 64] if device.type == "cpu" else [300, 0, 7, 129, 1]
     case = make_case(fmt, layout, num_heads, q_len, lengths, seed=hash((fmt, layout, num_heads, q_len)) % 1000,

@@ -141,3 +141,15 @@ def test_good_input_runs(device):
     out, lse = call(good(device))
     assert out.shape == (B, H, 512) and lse.shape == (B, H)
     assert torch.isfinite(out).all()
+
+
+def test_query_rows_beyond_int32_are_refused(device):
+    """total_q x H > 2^31 - 1 is refused before anything is allocated or launched."""
+    rows = 2**31 // 16 + 1
+    q = torch.zeros(1, 1, 576, dtype=torch.bfloat16, device=device).expand(rows, 16, 576)
+    a = good(device)
+    out = torch.empty(1, 16, 512, dtype=torch.bfloat16, device=device)
+    lse = torch.empty(1, 16, dtype=torch.float32, device=device)
+    with pytest.raises(RuntimeError, match="more than the int32 limit"):
+        torch.ops.mla_decode.decode_out(q, a["kv_cache"], None, a["qo_indptr"], a["kv_indptr"], None, None, None,
+                                        1, SM_SCALE, 0, out, lse)
