@@ -29,17 +29,18 @@ void check_same_device(const at::Tensor& t, const at::Tensor& q, const char* nam
               q.device(), "), but it is on ", t.device(), ".");
 }
 
-void check_int32_vector(const at::Tensor& t, const at::Tensor& q, const char* name,
-                        int64_t expected_len /* -1: any */) {
+// expected_len < 0: any length; else `len_meaning` says what the length is
+// ("batch_size" or "batch_size + 1", the batch size being set by qo_indptr).
+void check_int32_vector(const at::Tensor& t, const at::Tensor& q, const char* name, int64_t expected_len = -1,
+                        const char* len_meaning = "") {
   check_same_device(t, q, name);
   MLA_CHECK(t.scalar_type() == at::kInt, "mla_decode: ", name, " must be int32, but it is ",
               t.scalar_type(), ".");
   MLA_CHECK(t.dim() == 1, "mla_decode: ", name, " must be 1-D, but it has shape ", shape_str(t),
               ".");
   if (expected_len >= 0) {
-    MLA_CHECK(t.size(0) == expected_len, "mla_decode: ", name, " must have ", expected_len,
-                " entries (batch size + ", (expected_len == 0 ? 0 : 1),
-                " as set by qo_indptr), but it has ", t.size(0), ".");
+    MLA_CHECK(t.size(0) == expected_len, "mla_decode: ", name, " must have ", expected_len, " entries (",
+              len_meaning, ", the batch size being set by qo_indptr), but it has ", t.size(0), ".");
   }
   MLA_CHECK(t.stride(0) == 1 || t.size(0) <= 1, "mla_decode: ", name,
               " must be contiguous, but its stride is ", t.stride(0), ".");
@@ -93,7 +94,7 @@ MlaDecodeParams check_and_make_params(const DecodeInputs& in, const at::Tensor& 
   // ---- qo_indptr ------------------------------------------------------------------
   const at::Tensor& qo = in.qo_indptr;
   MLA_CHECK(qo.defined(), "mla_decode: qo_indptr is undefined.");
-  check_int32_vector(qo, q, "qo_indptr", -1);
+  check_int32_vector(qo, q, "qo_indptr");
   MLA_CHECK(qo.size(0) >= 2, "mla_decode: qo_indptr must have batch_size + 1 >= 2 entries, but it has ",
               qo.size(0), ".");
   p.batch = static_cast<int32_t>(qo.size(0) - 1);
@@ -119,7 +120,7 @@ MlaDecodeParams check_and_make_params(const DecodeInputs& in, const at::Tensor& 
                 "column stride is ", bt.stride(1), ".");
     MLA_CHECK(bt.size(1) * in.page_size <= kInt32Max, "mla_decode: block_table covers ", bt.size(1), " pages of ",
                 in.page_size, " tokens per item, more than the int32 limit.");
-    check_int32_vector(*in.kv_lens, q, "kv_lens", p.batch);
+    check_int32_vector(*in.kv_lens, q, "kv_lens", p.batch, "batch_size");
     p.layout = KvLayout::kPaged;
     p.page_size = static_cast<int32_t>(in.page_size);
     p.block_table = bt.data_ptr<int32_t>();
@@ -133,11 +134,11 @@ MlaDecodeParams check_and_make_params(const DecodeInputs& in, const at::Tensor& 
                 "the lengths are kv_indptr[b+1] - kv_indptr[b].");
     MLA_CHECK(in.page_size == 1, "mla_decode: page_size must be 1 with kv_indptr (rows are tokens), but it is ",
                 in.page_size, "; use block_table for paged caches.");
-    check_int32_vector(*in.kv_indptr, q, "kv_indptr", p.batch + 1);
+    check_int32_vector(*in.kv_indptr, q, "kv_indptr", p.batch + 1, "batch_size + 1");
     p.kv_indptr = in.kv_indptr->data_ptr<int32_t>();
     p.layout = KvLayout::kIndptr;
     if (in.kv_indices.has_value()) {
-      check_int32_vector(*in.kv_indices, q, "kv_indices", -1);
+      check_int32_vector(*in.kv_indices, q, "kv_indices");
       p.layout = KvLayout::kIndptrIndices;
       p.kv_indices = in.kv_indices->data_ptr<int32_t>();
       p.num_kv_indices = in.kv_indices->size(0);
