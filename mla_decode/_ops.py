@@ -41,7 +41,6 @@ else:
             f"torch {torch.__version__}: pip install --no-build-isolation -e ."
         )
 
-HEAD_DIM_QK = 576
 HEAD_DIM_V = 512
 
 

@@ -21,7 +21,7 @@ namespace {
 // The combine kernel works in groups of 32 lanes on both vendors: on wave64 a
 // wavefront holds two groups, and every shuffle stays in its group (xor
 // offsets < 32).
-constexpr int kMaxSplits = 256;          // kMaxNumSplits of csrc/ops/validation.h
+constexpr int kMaxSplits = kMaxNumSplits;  // csrc/mla_decode/params.h
 
 constexpr int kCombineThreads = 256;  // 8 groups of 32 lanes per (token, head) row
 constexpr int kCombineGroups = kCombineThreads / 32;

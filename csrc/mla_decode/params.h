@@ -24,6 +24,7 @@ constexpr int kMxBlock = 32;      // OCP MX block size along the head dim
 constexpr int kMxBlocksPerRow = kHeadDimQK / kMxBlock;   // 18
 constexpr int kMxfp4RowBytes = kHeadDimQK / 2;           // 288: two E2M1 codes per byte
 constexpr int kMaxHeads = 128;
+constexpr int kMaxNumSplits = 256;  // largest num_splits the operators accept
 
 // How the cache rows are stored. The value is part of no public ABI; the op
 // derives it from the cache dtype.

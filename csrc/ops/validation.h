@@ -35,9 +35,6 @@ struct DecodeInputs {
   int64_t num_splits;
 };
 
-// Largest num_splits accepted (the GPU workspace is sized from it).
-constexpr int64_t kMaxNumSplits = 256;
-
 MlaDecodeParams check_and_make_params(const DecodeInputs& in, const at::Tensor& out,
                                       const at::Tensor& lse);
 
