@@ -33,7 +33,8 @@ def run_submission(tmp_path, data, strict=False):
     write_submission(["-o", str(tmp_path / "submission.py")])
     torch.save(data, tmp_path / "data.pt")
     env = dict(os.environ)
-    env["MLA_DECODE_CACHE"] = str(tmp_path / "cache")
+    # A shared build folder may be named (scripts/verify_submission.py reuses it on the GPU).
+    env["MLA_DECODE_CACHE"] = os.environ.get("MLA_DECODE_TEST_SUBMISSION_CACHE", str(tmp_path / "cache"))
     env.pop("PYTHONPATH", None)
     if strict:
         env["MLA_DECODE_STRICT"] = "1"
