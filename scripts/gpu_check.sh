@@ -6,7 +6,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
-export MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a} MLA_DECODE_CUDA=1 PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a} MLA_DECODE_CUDA=1 PYTHONUNBUFFERED=1
 steps=${*:-tests bench}
 {
   echo "== $(date -u +%FT%TZ) commit ${GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)} $(git status --porcelain 2>/dev/null | wc -l) dirty files"

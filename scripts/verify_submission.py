@@ -93,7 +93,8 @@ def main() -> int:
         rows_f = reference.dequantize_cache(cache, scale, dtype=torch.float64)[: nb * kv]
         ref, _ = reference.reference_decode(q[:nb].double(), rows_f, qo[: nb + 1], cfg["sm_scale"],
                                             kv_indptr=kvp[: nb + 1])
-        rel = float((res[:nb].double() - ref).norm() / ref.norm())
+        ref = ref.cpu()
+        rel = float((res[:nb].double().cpu() - ref).norm() / ref.norm())
         good = rel < REL_TOL and res.dtype == torch.bfloat16 and tuple(res.shape) == (b, q.shape[1], 512)
         ok &= good
         times = []
