@@ -416,7 +416,12 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
     for (int jj = 0; jj < 2; ++jj) {
       const int j = 2 * tg + jj;
       s_acc[jj][0] = s_acc[jj][1] = s_acc[jj][2] = s_acc[jj][3] = 0.f;
-      const int n = 8 * j + g;
+      // B column g holds token 8j + (g / 2) + 4 (g % 2), not 8j + g: the 8
+      // threads of a 128-byte shared-memory phase (g = 2i, 2i + 1) then read
+      // rows 4 apart, 4 x 1168 = 64 mod 128 bytes, so their two 64-byte pieces
+      // never share a bank (rows 1 apart overlap: 2-way conflicts). The same
+      // holds for the decoded-row stores. Score column 2c is token c, 2c+1 is c + 4.
+      const int n = 8 * j + (g >> 1) + 4 * (g & 1);
       const uint8_t* row = stage + n * L::kRowSmem;
       uint8_t* dec = smem_dec + n * L::kDecRowSmem;
       // Paired k-steps 2m, 2m+1 (see the Q layout above).
@@ -504,9 +509,11 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
       float* red = smem_red + dg * kTileRows * kRedStride;
 #pragma unroll
       for (int jj = 0; jj < 2; ++jj) {
-        const int col = 8 * (2 * tg + jj) + 2 * c;
-        *reinterpret_cast<float2*>(red + g * kRedStride + col) = make_float2(s_acc[jj][0], s_acc[jj][1]);
-        *reinterpret_cast<float2*>(red + (g + 8) * kRedStride + col) = make_float2(s_acc[jj][2], s_acc[jj][3]);
+        const int col = 8 * (2 * tg + jj) + c;  // tokens col and col + 4 (see the QK column order)
+        red[g * kRedStride + col] = s_acc[jj][0];
+        red[g * kRedStride + col + 4] = s_acc[jj][1];
+        red[(g + 8) * kRedStride + col] = s_acc[jj][2];
+        red[(g + 8) * kRedStride + col + 4] = s_acc[jj][3];
       }
     }
     if (next < n_tiles) store_scales(next % kStages);
