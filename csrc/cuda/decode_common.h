@@ -19,12 +19,21 @@
 #pragma once
 
 #include "../mla_decode/params.h"
+#include "../mla_decode/portability.h"
 #include "decode_launch.h"
 
 namespace mla_decode {
 namespace cuda {
 
 constexpr int kBlockN = 32;  // tokens per pipeline stage; splits are whole multiples of it
+
+// Most splits the automatic plan uses. NVIDIA: 32, measured on the H200 (see
+// plan_splits). AMD: not measured (no hardware here), the original 128.
+#if MLA_PLATFORM_HIP
+constexpr int kMaxPlannedSplits = 128;
+#else
+constexpr int kMaxPlannedSplits = 32;
+#endif
 
 struct DecodeLaunch {
   MlaDecodeParams p;

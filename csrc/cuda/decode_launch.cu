@@ -168,7 +168,14 @@ SplitPlan plan_splits(const MlaDecodeParams& p, int num_sms, int requested_split
   const int64_t slots = static_cast<int64_t>(num_sms) * 2;  // two CTAs per SM fit in shared memory
   int64_t splits = (slots + tiles / 2) / tiles;              // round to the nearest whole wave
   splits = std::min<int64_t>(splits, std::max<int64_t>(1, est_len / kBlockN));
-  plan.num_splits = static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(splits, 128)));
+  // At most kMaxPlannedSplits (decode_common.h). NVIDIA, 32: beyond that the
+  // combine (one row per block, reading every split's 2 KB partial) costs
+  // more than the extra CTAs save. Measured on the H200
+  // (scripts/split_sweep.py, docs/performance.md): B=4, kv=8192
+  // takes 24.5 us (fp8) / 28.1 us (bf16) with 32 splits against 28.3 / 29.8
+  // with the 64 that a full wave would ask for; no other competition shape
+  // plans more than 32.
+  plan.num_splits = static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(splits, kMaxPlannedSplits)));
   return plan;
 }
 

@@ -1,0 +1,36 @@
+"""Competition-protocol time of the decode operator for forced split counts
+(num_splits argument), to tune plan_splits. Usage: python scripts/split_sweep.py [fmt ...]"""
+import sys
+
+import torch
+
+import mla_decode  # noqa: F401
+from mla_decode.inputs import generate_input
+
+fmts = sys.argv[1:] or ["bf16", "fp8"]
+flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+shapes = [(4, 1024), (4, 8192), (32, 1024), (64, 1024), (32, 8192), (256, 1024)]
+for fmt in fmts:
+    for b, kv in shapes:
+        q, kvd, qo, kvp, cfg = generate_input(b, 1, kv, seed=3, device="cuda")
+        cache, scale = (kvd["bf16"], None) if fmt == "bf16" else kvd[fmt]
+        res = []
+        for ns in [0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128]:
+            if ns * 32 > kv:
+                continue
+            call = lambda: torch.ops.mla_decode.decode(q, cache, scale, qo, kvp, None, None, None, 1, cfg["sm_scale"], ns)
+            for _ in range(3):
+                call()
+            ts = []
+            for _ in range(20):
+                torch.cuda.synchronize()
+                flush.zero_()
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                call()
+                e.record()
+                torch.cuda.synchronize()
+                ts.append(s.elapsed_time(e) * 1e3)
+            ts.sort()
+            res.append(f"{ns}:{sum(ts[2:-2]) / len(ts[2:-2]):.1f}")
+        print(fmt, b, kv, " ".join(res), flush=True)
