@@ -416,12 +416,16 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
     for (int jj = 0; jj < 2; ++jj) {
       const int j = 2 * tg + jj;
       s_acc[jj][0] = s_acc[jj][1] = s_acc[jj][2] = s_acc[jj][3] = 0.f;
-      // B column g holds token 8j + (g / 2) + 4 (g % 2), not 8j + g: the 8
-      // threads of a 128-byte shared-memory phase (g = 2i, 2i + 1) then read
-      // rows 4 apart, 4 x 1168 = 64 mod 128 bytes, so their two 64-byte pieces
-      // never share a bank (rows 1 apart overlap: 2-way conflicts). The same
-      // holds for the decoded-row stores. Score column 2c is token c, 2c+1 is c + 4.
-      const int n = 8 * j + (g >> 1) + 4 * (g & 1);
+      // B column g holds token 8j + brev3(g) (g's 3 bits reversed: 0,4,2,6,1,5,3,7),
+      // not 8j + g, so that rows sharing a shared-memory phase never share a bank:
+      //   16-byte accesses (bf16 K loads, decoded-row stores; 8 threads = g 2i, 2i+1
+      //   per phase): rows 4 apart, 4 x 1168 = 64 mod 128 bytes;
+      //   8-byte fp8 K loads (16 threads = g 4i..4i+3): rows {0,4,2,6} (+1) x 592
+      //   land 32 bytes apart mod 128; MXFP4 (4 bytes, 32 threads): 8 rows x 304
+      //   cover 8 distinct 16-byte slots.
+      // With natural order, rows 1 apart overlap (2-way conflicts). Score column
+      // 2c is token brev3(2c) = 2 (c & 1) + (c >> 1), column 2c + 1 that plus 4.
+      const int n = 8 * j + (((g & 1) << 2) | (g & 2) | (g >> 2));
       const uint8_t* row = stage + n * L::kRowSmem;
       uint8_t* dec = smem_dec + n * L::kDecRowSmem;
       // Paired k-steps 2m, 2m+1 (see the Q layout above).
@@ -509,7 +513,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
       float* red = smem_red + dg * kTileRows * kRedStride;
 #pragma unroll
       for (int jj = 0; jj < 2; ++jj) {
-        const int col = 8 * (2 * tg + jj) + c;  // tokens col and col + 4 (see the QK column order)
+        const int col = 8 * (2 * tg + jj) + 2 * (c & 1) + (c >> 1);  // tokens col, col + 4 (QK column order)
         red[g * kRedStride + col] = s_acc[jj][0];
         red[g * kRedStride + col + 4] = s_acc[jj][1];
         red[(g + 8) * kRedStride + col] = s_acc[jj][2];
