@@ -68,7 +68,8 @@ def demo(args) -> int:
             t = _time_call(lambda: mla_decode.custom_kernel(data), device, iters)
             print(f"{batch:>5} {kv:>5} {fmt:>6} {t:>10.1f} {rel:>22.4f}")
     os.environ.pop("MLA_DECODE_FORMAT", None)
-    print("custom_kernel's default format is bf16 (MLA_DECODE_FORMAT overrides it).")
+    from .competition import DEFAULT_FORMAT
+    print(f"custom_kernel's default format is {DEFAULT_FORMAT} (MLA_DECODE_FORMAT overrides it).")
     return 0
 
 

@@ -9,7 +9,7 @@ torch.utils.cpp_extension.load (the sources are several translation units
 with shared headers, so they are compiled as files, not concatenated into one
 load_inline string); later imports reuse the build. The operator call is the
 package's: torch.ops.mla_decode.decode on the chosen cache format
-(MLA_DECODE_FORMAT, default bf16). Without a GPU, or when the build fails, it
+(MLA_DECODE_FORMAT, default fp8, as in mla_decode.competition). Without a GPU, or when the build fails, it
 falls back to a pure-PyTorch implementation, with a warning naming the reason
 (MLA_DECODE_STRICT=1 makes that an error).
 """
@@ -123,7 +123,7 @@ def _reference(q, kv_bf16, qo_indptr, kv_indptr, sm_scale):
 
 def custom_kernel(data):
     q, kv_data, qo_indptr, kv_indptr, config = data
-    fmt = os.environ.get("MLA_DECODE_FORMAT", "bf16").lower()
+    fmt = os.environ.get("MLA_DECODE_FORMAT", {default_format!r}).lower()
     if _build():
         for f in (fmt, "bf16") if fmt != "bf16" else ("bf16",):
             if f not in kv_data:
@@ -157,7 +157,8 @@ def render(root: Path) -> str:
     from . import __version__
     sources = collect_sources(root)
     digest = hashlib.sha256("".join(k + v for k, v in sorted(sources.items())).encode()).hexdigest()
-    return _TEMPLATE.format(version=__version__, sources=sources, digest=digest)
+    from .competition import DEFAULT_FORMAT
+    return _TEMPLATE.format(version=__version__, sources=sources, digest=digest, default_format=DEFAULT_FORMAT)
 
 
 def main(argv=None) -> int:
