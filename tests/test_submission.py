@@ -29,13 +29,17 @@ RUNNER = textwrap.dedent("""
 """)
 
 
-def run_submission(tmp_path, data, strict=False):
+def run_submission(tmp_path, data, strict=False, fmt="bf16"):
+    """fmt: MLA_DECODE_FORMAT for the run (None: unset, the file's default)."""
     write_submission(["-o", str(tmp_path / "submission.py")])
     torch.save(data, tmp_path / "data.pt")
     env = dict(os.environ)
     # A shared build folder may be named (scripts/verify_submission.py reuses it on the GPU).
     env["MLA_DECODE_CACHE"] = os.environ.get("MLA_DECODE_TEST_SUBMISSION_CACHE", str(tmp_path / "cache"))
     env.pop("PYTHONPATH", None)
+    env.pop("MLA_DECODE_FORMAT", None)
+    if fmt is not None:
+        env["MLA_DECODE_FORMAT"] = fmt
     if strict:
         env["MLA_DECODE_STRICT"] = "1"
     else:
@@ -66,3 +70,23 @@ def test_submission_strict_mode_refuses_the_fallback(tmp_path):
     res = run_submission(tmp_path, generate_input(1, 1, 16, seed=1, device="cpu"), strict=True)
     assert res.returncode != 0
     assert "MLA_DECODE_STRICT=1" in res.stderr and "no GPU is visible" in res.stderr
+
+
+def test_submission_default_format_matches_the_package(tmp_path):
+    """Unset MLA_DECODE_FORMAT: the file uses the package's default (fp8). On a GPU that is the
+    native fp8 path, checked against exact math on the dequantised fp8 cache; without one, the
+    pure-PyTorch fallback on the bf16 cache."""
+    from mla_decode.competition import DEFAULT_FORMAT
+    data = generate_input(2, 1, 300, seed=5, device="cpu")
+    res = run_submission(tmp_path, data, fmt=None)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"MLA_DECODE_FORMAT\", {DEFAULT_FORMAT!r}" in (tmp_path / "submission.py").read_text()
+    q, kv, qo, kvp, cfg = data
+    if torch.cuda.is_available():
+        cache, scale = (kv["bf16"], None) if DEFAULT_FORMAT == "bf16" else kv[DEFAULT_FORMAT]
+    else:
+        cache, scale = kv["bf16"], None
+    ref, _ = reference_decode(q, dequantize_cache(cache, scale), qo, cfg["sm_scale"], kv_indptr=kvp)
+    out = torch.load(tmp_path / "out.pt")
+    rel = float((out.double() - ref).norm() / ref.norm())
+    assert rel < 8e-3, rel
