@@ -2,10 +2,11 @@
 # Compile check of the AMD (HIP/ROCm) kernels on a machine without an AMD GPU
 # and without a ROCm torch, for CI (.ci/run calls it when it is executable).
 #
-#   1. Toolchain: Debian's clang-19 (HIP device compiler), the HIP headers of
-#      libamdhip64-dev (HIP 5.2) and the device bitcode of rocm-device-libs;
-#      installed with apt-get when missing (root or sudo needed; set
-#      MLA_HIP_CHECK_NO_INSTALL=1 to fail instead).
+#   1. Toolchain: Debian's clang-22 (HIP device compiler; it knows gfx950;
+#      clang-19, which does not, is used when 22 is absent and cannot be
+#      installed), the HIP headers of libamdhip64-dev (HIP 5.2) and the device
+#      bitcode of rocm-device-libs; installed with apt-get when missing (root or
+#      sudo needed; set MLA_HIP_CHECK_NO_INSTALL=1 to fail instead).
 #   2. hipify: csrc/ is copied to a temporary directory and hipified with
 #      PyTorch's own hipify (torch.utils.hipify.hipify_python) exactly as
 #      torch's CUDAExtension does for a ROCm build (csrc/cuda/*.cu ->
@@ -13,11 +14,11 @@
 #      ...). The kernel TUs do need it: decode_launch.h and the .cu files use
 #      cuda* runtime names, as on every CUDA source tree torch hipifies.
 #   3. Every kernel TU (csrc/hip/*.hip) is compiled, device side, to assembly:
-#        clang++-19 -x hip --offload-arch=ARCH --cuda-device-only -S -O3 -std=c++17 \
+#        clang++-22 -x hip --offload-arch=ARCH --cuda-device-only -S -O3 -std=c++17 \
 #          -nogpulib --rocm-path=/usr <device bitcode> -D__HIP_PLATFORM_AMD__=1 \
 #          -DUSE_ROCM=1 <torch's other hipcc -D flags> -DMLA_DECODE_WITH_HIP -I<hipified csrc>
-#      for gfx942 (MI300; required), gfx950 (MI355X; LLVM 19 does not know it:
-#      reported and skipped) and gfx90a (MI200). The host side of each TU is
+#      for gfx942 (MI300; required), gfx950 (MI355X; needs LLVM >= 20: with
+#      clang-19 it is reported and skipped) and gfx90a (MI200). The host side of each TU is
 #      syntax-checked as well.
 #      HIP 5.2's headers implement threadIdx and __syncthreads with
 #      device-library calls (ROCm >= 6 uses clang builtins), so hip.bc, ockl.bc
@@ -45,12 +46,18 @@
 #
 # Environment: HIP_CHECK_OUT=DIR keeps the .s files (DIR/ARCH/*.s);
 # HIP_CHECK_ARCHS (default "gfx942 gfx950 gfx90a"); HIP_CLANG (default
-# clang++-19); HIP_CHECK_SCRATCH_BUDGET (default 0).
+# clang++-22, else clang++-19); HIP_CHECK_SCRATCH_BUDGET (default 0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 PY=${PYTHON:-python3}
-CLANG=${HIP_CLANG:-clang++-19}
+if [ -n "${HIP_CLANG:-}" ]; then
+  CLANG=$HIP_CLANG
+elif command -v clang++-22 >/dev/null 2>&1 || ! command -v clang++-19 >/dev/null 2>&1; then
+  CLANG=clang++-22
+else
+  CLANG=clang++-19
+fi
 ARCHS=${HIP_CHECK_ARCHS:-"gfx942 gfx950 gfx90a"}
 BUDGET=${HIP_CHECK_SCRATCH_BUDGET:-0}
 JOBS=$(nproc 2>/dev/null || echo 2)
@@ -71,16 +78,22 @@ have_toolchain() {
 }
 if ! have_toolchain; then
   [ "${MLA_HIP_CHECK_NO_INSTALL:-0}" = 1 ] && die "toolchain missing ($CLANG, /usr/include/hip, rocm-device-libs) and MLA_HIP_CHECK_NO_INSTALL=1"
-  command -v apt-get >/dev/null 2>&1 || die "toolchain missing and no apt-get: install clang-19, libamdhip64-dev and rocm-device-libs (Debian 12 names)"
+  command -v apt-get >/dev/null 2>&1 || die "toolchain missing and no apt-get: install clang-22 (or clang-19), libamdhip64-dev and rocm-device-libs (Debian 12 names)"
   SUDO=""
   if [ "$(id -u)" != 0 ]; then
-    command -v sudo >/dev/null 2>&1 || die "toolchain missing: run as root or install clang-19 libamdhip64-dev rocm-device-libs"
+    command -v sudo >/dev/null 2>&1 || die "toolchain missing: run as root or install clang-22 (or clang-19) libamdhip64-dev rocm-device-libs"
     SUDO="sudo"
   fi
-  say "installing clang-19, libamdhip64-dev, rocm-device-libs (apt-get)"
+  pkg=${CLANG#clang++-}
+  say "installing clang-$pkg, libamdhip64-dev, rocm-device-libs (apt-get)"
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq --no-install-recommends clang-19 libamdhip64-dev rocm-device-libs >/dev/null
+  if ! $SUDO apt-get install -y -qq --no-install-recommends "clang-$pkg" libamdhip64-dev rocm-device-libs >/dev/null \
+      && [ -z "${HIP_CLANG:-}" ] && [ "$pkg" = 22 ]; then
+    say "clang-22 is not installable here: falling back to clang-19 (gfx950 will not be compiled)"
+    CLANG=clang++-19
+    $SUDO apt-get install -y -qq --no-install-recommends clang-19 libamdhip64-dev rocm-device-libs >/dev/null
+  fi
   have_toolchain || die "toolchain still incomplete after apt-get install"
 fi
 BITCODE=$(find_bitcode)
@@ -127,6 +140,11 @@ TUS=$(cd "$tmp" && ls csrc/hip/*.hip)
 # torch's hipcc flags (COMMON_HIP_FLAGS + COMMON_HIPCC_FLAGS) and setup.py's.
 DEFS=(-D__HIP_PLATFORM_AMD__=1 -DUSE_ROCM=1 -DCUDA_HAS_FP16=1 -D__HIP_NO_HALF_OPERATORS__=1
       -D__HIP_NO_HALF_CONVERSIONS__=1 -DHIP_ENABLE_WARP_SYNC_BUILTINS=1 -DMLA_DECODE_WITH_HIP)
+# clang >= 20 no longer predefines __AMDGCN_WAVEFRONT_SIZE, which HIP 5.2's
+# headers use for warpSize; every target checked here (gfx90a/gfx942/gfx950)
+# runs wave64. (Lets HIP_CLANG=clang++-22 compile gfx950.)
+CLANG_MAJOR=$("$CLANG" --version | sed -nE '1s/.*version ([0-9]+).*/\1/p')
+if [ "${CLANG_MAJOR:-0}" -ge 20 ]; then DEFS+=(-D__AMDGCN_WAVEFRONT_SIZE=64); fi
 # Runs "$@" for every word of $ITEMS in parallel ({} = the item), at most
 # $JOBS at a time; fails if any run fails (its log is printed).
 parallel_each() {
