@@ -106,6 +106,9 @@ struct SmemLayout {
 
 __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
+// The 3 bits of x (0..7) reversed: the QK column -> token order (see the QK loop).
+__device__ __forceinline__ int brev3(int x) { return ((x & 1) << 2) | (x & 2) | (x >> 2); }
+
 // ---------------------------------------------------------------------------
 // Value-dim column mapping per format: output dim of (n-tile j, column n) in
 // the warp's 128-dim slice. C fragments hold columns 2c and 2c+1.
@@ -424,8 +427,8 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
       //   land 32 bytes apart mod 128; MXFP4 (4 bytes, 32 threads): 8 rows x 304
       //   cover 8 distinct 16-byte slots.
       // With natural order, rows 1 apart overlap (2-way conflicts). Score column
-      // 2c is token brev3(2c) = 2 (c & 1) + (c >> 1), column 2c + 1 that plus 4.
-      const int n = 8 * j + (((g & 1) << 2) | (g & 2) | (g >> 2));
+      // 2c is token brev3(2c), column 2c + 1 is brev3(2c + 1) = brev3(2c) + 4.
+      const int n = 8 * j + brev3(g);
       const uint8_t* row = stage + n * L::kRowSmem;
       uint8_t* dec = smem_dec + n * L::kDecRowSmem;
       // Paired k-steps 2m, 2m+1 (see the Q layout above).
@@ -513,7 +516,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
       float* red = smem_red + dg * kTileRows * kRedStride;
 #pragma unroll
       for (int jj = 0; jj < 2; ++jj) {
-        const int col = 8 * (2 * tg + jj) + 2 * (c & 1) + (c >> 1);  // tokens col, col + 4 (QK column order)
+        const int col = 8 * (2 * tg + jj) + brev3(2 * c);  // tokens col, col + 4 (QK column order)
         red[g * kRedStride + col] = s_acc[jj][0];
         red[g * kRedStride + col + 4] = s_acc[jj][1];
         red[(g + 8) * kRedStride + col] = s_acc[jj][2];
