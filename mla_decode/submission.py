@@ -9,9 +9,9 @@ torch.utils.cpp_extension.load (the sources are several translation units
 with shared headers, so they are compiled as files, not concatenated into one
 load_inline string); later imports reuse the build. The operator call is the
 package's: torch.ops.mla_decode.decode on the chosen cache format
-(MLA_DECODE_FORMAT, default fp8, as in mla_decode.competition). Without a GPU, or when the build fails, it
-falls back to a pure-PyTorch implementation, with a warning naming the reason
-(MLA_DECODE_STRICT=1 makes that an error).
+(MLA_DECODE_FORMAT, default fp8, as in mla_decode.competition). Without a
+GPU, or when the build fails, it falls back to a pure-PyTorch implementation,
+with a warning naming the reason (MLA_DECODE_STRICT=1 makes that an error).
 """
 
 from __future__ import annotations
