@@ -223,11 +223,15 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
   const uint8_t* kv_base = static_cast<const uint8_t*>(p.kv);
   // Lane n of every warp resolves the cache row of token n of the tile; rows
   // are exchanged with shuffles. -2: past the range (zero-fill), -1: bad index.
+  // The contiguous layout (the competition's) needs no per-tile lookup: row =
+  // kv_indptr[b] + j, with kv_indptr[b] read once here.
+  const bool contiguous = p.layout == KvLayout::kIndptr;
+  const int64_t contiguous_base = (contiguous && !orphan) ? static_cast<int64_t>(__ldg(p.kv_indptr + b)) : 0;
   auto tile_row = [&](int tile_idx) -> int {
     const int j = kv_begin + tile_idx * kBlockN + lane;
     if (j >= kv_end) return -2;
-    const int64_t r = kv_row(p, b, j);
-    return r < 0 ? -1 : static_cast<int>(r);
+    const int64_t r = contiguous ? contiguous_base + j : kv_row(p, b, j);
+    return (r < 0 || r >= p.num_cache_rows) ? -1 : static_cast<int>(r);
   };
   // MXFP4: thread tid stages the E8M0 bytes of token tid / 8, blocks
   // tid % 8 + 8m, for the tile being prefetched.
@@ -396,7 +400,8 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
   float o[kVTiles][4];
 #pragma unroll
   for (int j = 0; j < kVTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-  // Online-softmax state of row (tid / 16), kept identically by its 16 threads.
+  // Online-softmax state of row (tid / 16): the running max, kept identically
+  // by the row's 16 threads, and each thread's running sum over its own tokens.
   float m_run = -CUDART_INF_F;
   float l_run = 0.f;
   const int sm_row = tid >> 4;
@@ -414,27 +419,35 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
     const uint16_t* scl = smem_scale + slot * kBlockN * kScaleStride;
 
     // ---- 1. partial S = Q K^T over this warp's 144 dims and 16 tokens -------
+    // Two 8-token n-tiles (jj), walked k-step outer / n-tile inner so that
+    // their two accumulation chains interleave (each mma waits only on the
+    // previous one of its own chain).
+    //
+    // B column g of n-tile jj holds token 8j + brev3(g) (j = 2 tg + jj; g's 3
+    // bits reversed: 0,4,2,6,1,5,3,7), not 8j + g, so that rows sharing a
+    // shared-memory phase never share a bank:
+    //   16-byte accesses (bf16 K loads, decoded-row stores; 8 threads = g 2i, 2i+1
+    //   per phase): rows 4 apart, 4 x 1168 = 64 mod 128 bytes;
+    //   8-byte fp8 K loads (16 threads = g 4i..4i+3): rows {0,4,2,6} (+1) x 592
+    //   land 32 bytes apart mod 128; MXFP4 (4 bytes, 32 threads): 8 rows x 304
+    //   cover 8 distinct 16-byte slots.
+    // With natural order, rows 1 apart overlap (2-way conflicts). Score column
+    // 2c is token brev3(2c), column 2c + 1 is brev3(2c + 1) = brev3(2c) + 4.
     float s_acc[2][4];
+    int tok[2];
 #pragma unroll
     for (int jj = 0; jj < 2; ++jj) {
-      const int j = 2 * tg + jj;
-      s_acc[jj][0] = s_acc[jj][1] = s_acc[jj][2] = s_acc[jj][3] = 0.f;
-      // B column g holds token 8j + brev3(g) (g's 3 bits reversed: 0,4,2,6,1,5,3,7),
-      // not 8j + g, so that rows sharing a shared-memory phase never share a bank:
-      //   16-byte accesses (bf16 K loads, decoded-row stores; 8 threads = g 2i, 2i+1
-      //   per phase): rows 4 apart, 4 x 1168 = 64 mod 128 bytes;
-      //   8-byte fp8 K loads (16 threads = g 4i..4i+3): rows {0,4,2,6} (+1) x 592
-      //   land 32 bytes apart mod 128; MXFP4 (4 bytes, 32 threads): 8 rows x 304
-      //   cover 8 distinct 16-byte slots.
-      // With natural order, rows 1 apart overlap (2-way conflicts). Score column
-      // 2c is token brev3(2c), column 2c + 1 is brev3(2c + 1) = brev3(2c) + 4.
-      const int n = 8 * j + brev3(g);
-      const uint8_t* row = stage + n * L::kRowSmem;
-      uint8_t* dec = smem_dec + n * L::kDecRowSmem;
-      // Paired k-steps 2m, 2m+1 (see the Q layout above).
+      tok[jj] = 8 * (2 * tg + jj) + brev3(g);
 #pragma unroll
-      for (int m = 0; m < kKStepsPerWarp / 2; ++m) {
-        const int d = kKStepsPerWarp * 16 * dg + 32 * m + 8 * c;
+      for (int r = 0; r < 4; ++r) s_acc[jj][r] = 0.f;
+    }
+    // Paired k-steps 2m, 2m+1 (see the Q layout above).
+#pragma unroll
+    for (int m = 0; m < kKStepsPerWarp / 2; ++m) {
+      const int d = kKStepsPerWarp * 16 * dg + 32 * m + 8 * c;
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        const uint8_t* row = stage + tok[jj] * L::kRowSmem;
         uint32_t b[4];  // k-step 2m: b[0], b[1]; k-step 2m+1: b[2], b[3]
         if constexpr (F == KvFormat::kBf16) {
           const uint4 v = *reinterpret_cast<const uint4*>(row + 2 * d);
@@ -450,7 +463,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
           b[3] = fp8x2_to_operand<F>(v.y >> 16);
         } else {
           const uint32_t w = *reinterpret_cast<const uint32_t*>(row + d / 2);
-          const uint32_t s1 = scl[n * kScaleStride + d / kMxBlock];
+          const uint32_t s1 = scl[tok[jj] * kScaleStride + d / kMxBlock];
           const uint32_t s2 = s1 | (s1 << 16);
           uint32_t lut_lo, lut_hi;
           e2m1_lookup8(w, lut_lo, lut_hi);
@@ -462,7 +475,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
         mma_m16n8k16<kF16>(s_acc[jj], qf[2 * m], b[0], b[1]);
         mma_m16n8k16<kF16>(s_acc[jj], qf[2 * m + 1], b[2], b[3]);
         if constexpr (kDecode) {
-          // Dims d..d+7 of token n, in natural order, for PV.
+          // Dims d..d+7 of token tok[jj], in natural order, for PV.
           uint4 nat;
           if constexpr (kMx) {
             nat.x = prmt(b[0], b[1], 0x5410);
@@ -472,13 +485,17 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
           } else {
             nat = make_uint4(b[0], b[1], b[2], b[3]);
           }
-          *reinterpret_cast<uint4*>(dec + 2 * d) = nat;
+          *reinterpret_cast<uint4*>(smem_dec + tok[jj] * L::kDecRowSmem + 2 * d) = nat;
         }
       }
-      {
-        // The ninth k-step: 4 dims per thread.
-        constexpr int kk = kKStepsPerWarp - 1;
-        const int d = 16 * (kKStepsPerWarp * dg + kk) + 4 * c;
+    }
+    {
+      // The ninth k-step: 4 dims per thread.
+      constexpr int kk = kKStepsPerWarp - 1;
+      const int d = 16 * (kKStepsPerWarp * dg + kk) + 4 * c;
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        const uint8_t* row = stage + tok[jj] * L::kRowSmem;
         uint32_t b0, b1;
         if constexpr (F == KvFormat::kBf16) {
           const uint2 v = *reinterpret_cast<const uint2*>(row + 2 * d);
@@ -490,7 +507,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
           b1 = fp8x2_to_operand<F>(v >> 16);
         } else {
           const uint32_t u = *reinterpret_cast<const uint16_t*>(row + d / 2);
-          const uint32_t s1 = scl[n * kScaleStride + d / kMxBlock];
+          const uint32_t s1 = scl[tok[jj] * kScaleStride + d / kMxBlock];
           const uint32_t s2 = s1 | (s1 << 16);
           const uint32_t w = prmt(u, 0u, 0x4140);  // bytes [u0, 0, u1, 0]: codes at nibbles 0,1,4,5
           uint32_t lut_lo, lut_hi;
@@ -508,7 +525,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
             nat.x = b0;
             nat.y = b1;
           }
-          *reinterpret_cast<uint2*>(dec + 2 * d) = nat;
+          *reinterpret_cast<uint2*>(smem_dec + tok[jj] * L::kDecRowSmem + 2 * d) = nat;
         }
       }
     }
@@ -553,19 +570,15 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
       const bool none = m_new == -CUDART_INF_F;
       const float alpha = none ? 1.f : exp2f(m_run - m_new);
       float pv[2];
-      float psum = 0.f;
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         // exp2(-inf) = 0 for masked keys; a NaN score (bad index) stays NaN even
         // when it is the only key the row sees in this split.
         pv[e] = exp2f(sv[e] - (none ? 0.f : m_new));
-        psum += pv[e];
       }
-      psum += __shfl_xor_sync(0xffffffffu, psum, 1);
-      psum += __shfl_xor_sync(0xffffffffu, psum, 2);
-      psum += __shfl_xor_sync(0xffffffffu, psum, 4);
-      psum += __shfl_xor_sync(0xffffffffu, psum, 8);
-      l_run = l_run * alpha + psum;
+      // Each thread keeps the running sum of its own two tokens per tile; the
+      // row's 16 partial sums are added once, after the loop.
+      l_run = l_run * alpha + (pv[0] + pv[1]);
       m_run = m_new;
       if constexpr (kF16) {
         *reinterpret_cast<__half2*>(smem_p + sm_row * kPStride + sm_col) = __floats2half2_rn(pv[0], pv[1]);
@@ -616,6 +629,12 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
   cp_async_wait<0>();
 
   // ---- epilogue --------------------------------------------------------------
+  // The row's sum of the 16 per-thread partial sums (a row's 16 threads are
+  // lanes 16 apart from the other row's, so xor offsets < 16 stay in the row).
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 4);
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 8);
   if ((tid & 15) == 0) {
     smem_m[sm_row] = m_run;
     smem_l[sm_row] = l_run;

@@ -34,10 +34,11 @@ constexpr int kCombineMaxSplitsPerLane = (kMaxSplits + 31) / 32;
 //
 // Latency, not bandwidth, bounds this kernel (the partials were just written
 // and sit in L2), so it is laid out for the fewest dependent round trips:
-// group 0 turns the S partial LSEs into weights (one load per lane), then
-// group w reads splits w, w + 8, ... for all 512 dims (lane k: the float4s at
-// 4k + 128i), every load of a group issued before any is used, and the 8
-// group sums meet in shared memory.
+// group w issues its loads of splits w, w + 8, w + 16, w + 24 for all 512 dims
+// (lane k: the float4s at 4k + 128i) first, while group 0 also loads the S
+// partial LSEs (one per lane) and turns them into weights; one L2 round trip
+// covers both. The 8 group sums meet in shared memory. Splits beyond 32 take
+// further passes.
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const MlaDecodeParams p,
                                                                   const float* __restrict__ partial_out,
                                                                   const float* __restrict__ partial_lse,
@@ -53,6 +54,18 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const MlaDecod
   const int group = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
   const int64_t row = blockIdx.x;
+
+  // First pass's partials, in flight before the weights are known.
+  constexpr int kUnroll = 4;
+  float4 x[kUnroll][4];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int s = group + u * kCombineGroups;
+    const int sc = s < num_splits ? s : 0;  // a valid address; its weight is 0
+    const float4* src = reinterpret_cast<const float4*>(partial_out + (sc * rows + row) * kHeadDimV);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) x[u][i] = src[lane + 32 * i];
+  }
 
   if (group == 0) {
     float lse_l[kCombineMaxSplitsPerLane];
@@ -93,20 +106,15 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const MlaDecod
   float4 acc[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int s0 = group; s0 < num_splits; s0 += 4 * kCombineGroups) {
-    float4 x[4][4];
-    float w[4];
+  for (int s0 = group;; s0 += kUnroll * kCombineGroups) {
+    float w[kUnroll];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {
       const int s = s0 + u * kCombineGroups;
-      const int sc = s < num_splits ? s : s0;
-      w[u] = s < num_splits ? smem_w[sc] : 0.f;
-      const float4* src = reinterpret_cast<const float4*>(partial_out + (sc * rows + row) * kHeadDimV);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) x[u][i] = src[lane + 32 * i];
+      w[u] = s < num_splits ? smem_w[s] : 0.f;
     }
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         acc[i].x += w[u] * x[u][i].x;
@@ -114,6 +122,16 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const MlaDecod
         acc[i].z += w[u] * x[u][i].z;
         acc[i].w += w[u] * x[u][i].w;
       }
+    }
+    const int s_next = s0 + kUnroll * kCombineGroups;
+    if (s_next >= num_splits) break;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int s = s_next + u * kCombineGroups;
+      const int sc = s < num_splits ? s : 0;
+      const float4* src = reinterpret_cast<const float4*>(partial_out + (sc * rows + row) * kHeadDimV);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) x[u][i] = src[lane + 32 * i];
     }
   }
 #pragma unroll
