@@ -36,6 +36,8 @@
 
 #include <math_constants.h>
 
+#include <cstdlib>
+
 #include "../mla_decode/addressing.h"
 #include "../mla_decode/params.h"
 #include "decode_common.h"
@@ -115,20 +117,42 @@ __device__ __forceinline__ int brev3(int x) { return ((x & 1) << 2) | (x & 2) | 
 // ---------------------------------------------------------------------------
 // Stores one row-half (half 0: row g, half 1: row g+8) of the PV accumulator
 // to 512 contiguous values at `dst` (bf16 when OutT == __nv_bfloat16, else
-// fp32), multiplied by `scale`. n-tile j of warp w holds dims 64w + 8j + n,
-// and a thread's C fragment holds columns n = 2c, 2c+1.
-template <typename OutT>
+// fp32), multiplied by `scale`. Which dims a thread holds (c = lane % 4):
+//   kPairedDims false: accumulator j covers dims 64w + 8j .. (B column n =
+//     dim 8j + n), so columns 2c, 2c+1 are dims 64w + 8j + 2c, +1;
+//   kPairedDims true (fp8 V read raw, see the PV step): accumulators 2q and
+//     2q+1 cover the even and odd dims of the slab 64w + 16q (B column n =
+//     dim 2n, 2n+1), so columns 2c, 2c+1 of the two are the four contiguous
+//     dims 64w + 16q + 4c ...
+template <bool kPairedDims, typename OutT>
 __device__ __forceinline__ void store_row(const float (&o)[kVTiles][4], int half, float scale, OutT* dst, int warp,
                                           int c) {
   const int r0 = 2 * half;
+  if constexpr (kPairedDims) {
 #pragma unroll
-  for (int j = 0; j < kVTiles; ++j) {
-    const int dim = kVDimsPerWarp * warp + 8 * j + 2 * c;
-    const float v0 = o[j][r0] * scale, v1 = o[j][r0 + 1] * scale;
-    if constexpr (sizeof(OutT) == 2) {
-      *reinterpret_cast<__nv_bfloat162*>(dst + dim) = __floats2bfloat162_rn(v0, v1);
-    } else {
-      *reinterpret_cast<float2*>(dst + dim) = make_float2(v0, v1);
+    for (int q = 0; q < kVTiles / 2; ++q) {
+      const int dim = kVDimsPerWarp * warp + 16 * q + 4 * c;
+      const float v0 = o[2 * q][r0] * scale, v1 = o[2 * q + 1][r0] * scale;
+      const float v2 = o[2 * q][r0 + 1] * scale, v3 = o[2 * q + 1][r0 + 1] * scale;
+      if constexpr (sizeof(OutT) == 2) {
+        uint2 packed;
+        packed.x = bf16x2_bits(__floats2bfloat162_rn(v0, v1));
+        packed.y = bf16x2_bits(__floats2bfloat162_rn(v2, v3));
+        *reinterpret_cast<uint2*>(dst + dim) = packed;
+      } else {
+        *reinterpret_cast<float4*>(dst + dim) = make_float4(v0, v1, v2, v3);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kVTiles; ++j) {
+      const int dim = kVDimsPerWarp * warp + 8 * j + 2 * c;
+      const float v0 = o[j][r0] * scale, v1 = o[j][r0 + 1] * scale;
+      if constexpr (sizeof(OutT) == 2) {
+        *reinterpret_cast<__nv_bfloat162*>(dst + dim) = __floats2bfloat162_rn(v0, v1);
+      } else {
+        *reinterpret_cast<float2*>(dst + dim) = make_float2(v0, v1);
+      }
     }
   }
 }
@@ -142,24 +166,29 @@ __device__ __forceinline__ void store_row(const float (&o)[kVTiles][4], int half
 template <KvFormat F>
 constexpr bool kMmaF16 = F == KvFormat::kFp8E4M3FN;
 
-// Two fp8 codes (low byte -> low half) to the mma operand type.
-template <KvFormat F>
-__device__ __forceinline__ uint32_t fp8x2_to_operand(uint32_t two) {
+// Two fp8 codes (low byte -> low half) to the mma operand type, from the low
+// (HalfSel 0) or high (HalfSel 1) 16 bits of `codes`.
+template <KvFormat F, int HalfSel>
+__device__ __forceinline__ uint32_t fp8x2_to_operand(uint32_t codes) {
   if constexpr (F == KvFormat::kFp8E4M3FNUZ) {
-    return e4m3fnuz_x2_to_bf16x2(two);
+    return e4m3fnuz_x2_to_bf16x2(HalfSel ? codes >> 16 : codes);
   } else {
-    return e4m3x2_to_f16x2(two);
+    return e4m3x2_to_f16x2<HalfSel>(codes);
   }
 }
 
-template <KvFormat F>
+// kPvRaw (OCP fp8 only): PV reads V straight from the raw fp8 stage and
+// converts it in registers, instead of the QK warps storing decoded rows for
+// it (half the shared-memory traffic of the V path, more conversions in PV).
+template <KvFormat F, bool kPvRaw>
 __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const DecodeLaunch args) {
   using L = SmemLayout<F>;
   constexpr int kStages = L::kStages;
   constexpr bool kMx = F == KvFormat::kMxfp4;
   constexpr bool kFp8 = F == KvFormat::kFp8E4M3FN || F == KvFormat::kFp8E4M3FNUZ;
   constexpr bool kF16 = kMmaF16<F>;
-  constexpr bool kDecode = F != KvFormat::kBf16;  // PV reads the decoded tile
+  static_assert(!kPvRaw || F == KvFormat::kFp8E4M3FN, "raw-V PV is written for OCP e4m3 only");
+  constexpr bool kDecode = F != KvFormat::kBf16 && !kPvRaw;  // PV reads the decoded tile
 
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* smem_kv = smem + L::kKvOffset;
@@ -457,10 +486,10 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
           b[3] = v.w;
         } else if constexpr (kFp8) {
           const uint2 v = *reinterpret_cast<const uint2*>(row + d);
-          b[0] = fp8x2_to_operand<F>(v.x);
-          b[1] = fp8x2_to_operand<F>(v.x >> 16);
-          b[2] = fp8x2_to_operand<F>(v.y);
-          b[3] = fp8x2_to_operand<F>(v.y >> 16);
+          b[0] = fp8x2_to_operand<F, 0>(v.x);
+          b[1] = fp8x2_to_operand<F, 1>(v.x);
+          b[2] = fp8x2_to_operand<F, 0>(v.y);
+          b[3] = fp8x2_to_operand<F, 1>(v.y);
         } else {
           const uint32_t w = *reinterpret_cast<const uint32_t*>(row + d / 2);
           const uint32_t s1 = scl[tok[jj] * kScaleStride + d / kMxBlock];
@@ -503,8 +532,8 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
           b1 = v.y;
         } else if constexpr (kFp8) {
           const uint32_t v = *reinterpret_cast<const uint32_t*>(row + d);
-          b0 = fp8x2_to_operand<F>(v);
-          b1 = fp8x2_to_operand<F>(v >> 16);
+          b0 = fp8x2_to_operand<F, 0>(v);
+          b1 = fp8x2_to_operand<F, 1>(v);
         } else {
           const uint32_t u = *reinterpret_cast<const uint16_t*>(row + d / 2);
           const uint32_t s1 = scl[tok[jj] * kScaleStride + d / kMxBlock];
@@ -602,26 +631,57 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
           o[j][3] *= alpha_b;
         }
       }
+      if constexpr (kPvRaw) {
+        // P fragments of both 16-token k-steps (as in the other branch).
+        uint32_t a[2][4];
 #pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        const int tb = 16 * kk;
-        uint32_t a[4];
-        a[0] = *reinterpret_cast<const uint32_t*>(smem_p + g * kPStride + tb + 2 * c);
-        a[1] = *reinterpret_cast<const uint32_t*>(smem_p + (g + 8) * kPStride + tb + 2 * c);
-        a[2] = *reinterpret_cast<const uint32_t*>(smem_p + g * kPStride + tb + 2 * c + 8);
-        a[3] = *reinterpret_cast<const uint32_t*>(smem_p + (g + 8) * kPStride + tb + 2 * c + 8);
-        // V rows: the raw bf16 stage, or the tile the QK warps decoded.
-        const uint8_t* vsrc = kDecode ? smem_dec : stage;
-        static_assert(L::kDecRowSmem == SmemLayout<KvFormat::kBf16>::kRowSmem, "V row strides must match");
-        const int mi = lane >> 3, ri = lane & 7;
-        const int tok = tb + ri + (mi & 1) * 8;
+        for (int kk = 0; kk < 2; ++kk) {
+          const int tb = 16 * kk;
+          a[kk][0] = *reinterpret_cast<const uint32_t*>(smem_p + g * kPStride + tb + 2 * c);
+          a[kk][1] = *reinterpret_cast<const uint32_t*>(smem_p + (g + 8) * kPStride + tb + 2 * c);
+          a[kk][2] = *reinterpret_cast<const uint32_t*>(smem_p + g * kPStride + tb + 2 * c + 8);
+          a[kk][3] = *reinterpret_cast<const uint32_t*>(smem_p + (g + 8) * kPStride + tb + 2 * c + 8);
+        }
+        // ldmatrix.trans on the raw rows (row = token, 16-bit column n = dims
+        // 2n, 2n+1 of a 16-dim slab; lane l addresses token l = row l % 8 of
+        // matrix l / 8) gives lane (g, c) of matrix m the bytes [token 8m+2c:
+        // dims 2g, 2g+1 | token 8m+2c+1: dims 2g, 2g+1]. prmt 0x3120 regroups
+        // them by dim: low half = dim 2g of tokens 8m+2c, +1 (the B fragment of
+        // the even-dim mma), high half = dim 2g+1 (odd-dim mma).
+        const uint8_t* vrow = stage + lane * L::kRowSmem + kVDimsPerWarp * warp;
 #pragma unroll
         for (int q = 0; q < kVDimsPerWarp / 16; ++q) {
-          const int dim = kVDimsPerWarp * warp + 16 * q + (mi >> 1) * 8;
           uint32_t r[4];
-          ldmatrix_x4_trans(r, smem_u32(vsrc + tok * L::kDecRowSmem + 2 * dim));
-          mma_m16n8k16<kF16>(o[2 * q], a, r[0], r[1]);
-          mma_m16n8k16<kF16>(o[2 * q + 1], a, r[2], r[3]);
+          ldmatrix_x4_trans(r, smem_u32(vrow + 16 * q));
+#pragma unroll
+          for (int kk = 0; kk < 2; ++kk) {
+            const uint32_t x0 = prmt(r[2 * kk], 0u, 0x3120), x1 = prmt(r[2 * kk + 1], 0u, 0x3120);
+            mma_m16n8k16<kF16>(o[2 * q], a[kk], e4m3x2_to_f16x2<0>(x0), e4m3x2_to_f16x2<0>(x1));
+            mma_m16n8k16<kF16>(o[2 * q + 1], a[kk], e4m3x2_to_f16x2<1>(x0), e4m3x2_to_f16x2<1>(x1));
+          }
+        }
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk) {
+          const int tb = 16 * kk;
+          uint32_t a[4];
+          a[0] = *reinterpret_cast<const uint32_t*>(smem_p + g * kPStride + tb + 2 * c);
+          a[1] = *reinterpret_cast<const uint32_t*>(smem_p + (g + 8) * kPStride + tb + 2 * c);
+          a[2] = *reinterpret_cast<const uint32_t*>(smem_p + g * kPStride + tb + 2 * c + 8);
+          a[3] = *reinterpret_cast<const uint32_t*>(smem_p + (g + 8) * kPStride + tb + 2 * c + 8);
+          // V rows: the raw bf16 stage, or the tile the QK warps decoded.
+          const uint8_t* vsrc = kDecode ? smem_dec : stage;
+          static_assert(L::kDecRowSmem == SmemLayout<KvFormat::kBf16>::kRowSmem, "V row strides must match");
+          const int mi = lane >> 3, ri = lane & 7;
+          const int tok = tb + ri + (mi & 1) * 8;
+#pragma unroll
+          for (int q = 0; q < kVDimsPerWarp / 16; ++q) {
+            const int dim = kVDimsPerWarp * warp + 16 * q + (mi >> 1) * 8;
+            uint32_t r[4];
+            ldmatrix_x4_trans(r, smem_u32(vsrc + tok * L::kDecRowSmem + 2 * dim));
+            mma_m16n8k16<kF16>(o[2 * q], a, r[0], r[1]);
+            mma_m16n8k16<kF16>(o[2 * q + 1], a, r[2], r[3]);
+          }
         }
       }
     }
@@ -658,22 +718,30 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
     if (args.num_splits == 1) {
       __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(p.out) + static_cast<int64_t>(t) * p.out_stride_token +
                            static_cast<int64_t>(h) * p.out_stride_head;
-      store_row(o, half, inv, dst, warp, c);
+      store_row<kPvRaw>(o, half, inv, dst, warp, c);
       if (warp == 0 && c == 0) p.lse[static_cast<int64_t>(t) * p.lse_stride_token + static_cast<int64_t>(h) * p.lse_stride_head] = lse;
     } else {
       const int64_t row = static_cast<int64_t>(t) * p.num_heads + h;
       const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
       float* dst = args.partial_out + (static_cast<int64_t>(split) * rows + row) * kHeadDimV;
-      store_row(o, half, inv, dst, warp, c);
+      store_row<kPvRaw>(o, half, inv, dst, warp, c);
       if (warp == 0 && c == 0) args.partial_lse[static_cast<int64_t>(split) * rows + row] = lse;
     }
   }
 }
 
-// Launches mla_decode_split_kernel<F>; explicitly instantiated per format in
-// decode_<format>.cu so the formats compile in parallel.
-template <KvFormat F>
-cudaError_t launch_split_kernel(const DecodeLaunch& args, cudaStream_t stream) {
+// Experiment switch for the A/B of the raw-V PV path (OCP fp8 only):
+// MLA_DECODE_FP8_PV_RAW=1 selects it. Read once per process.
+inline bool fp8_pv_raw_requested() {
+  static const bool value = [] {
+    const char* v = std::getenv("MLA_DECODE_FP8_PV_RAW");
+    return v != nullptr && v[0] == '1';
+  }();
+  return value;
+}
+
+template <KvFormat F, bool kPvRaw>
+cudaError_t launch_split_kernel_variant(const DecodeLaunch& args, cudaStream_t stream) {
   constexpr int kSmem = SmemLayout<F>::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
   // The dynamic shared-memory opt-in is per device; remember which devices have it.
@@ -682,13 +750,23 @@ cudaError_t launch_split_kernel(const DecodeLaunch& args, cudaStream_t stream) {
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
   if (dev < 64 && !(__atomic_load_n(&configured_devices, __ATOMIC_ACQUIRE) & (1ull << dev))) {
-    err = cudaFuncSetAttribute(mla_decode_split_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    err = cudaFuncSetAttribute(mla_decode_split_kernel<F, kPvRaw>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (err != cudaSuccess) return err;
     __atomic_fetch_or(&configured_devices, 1ull << dev, __ATOMIC_ACQ_REL);
   }
   const dim3 grid(static_cast<unsigned>(args.p.total_q) * args.head_groups, args.num_splits);
-  mla_decode_split_kernel<F><<<grid, kThreads, kSmem, stream>>>(args);
+  mla_decode_split_kernel<F, kPvRaw><<<grid, kThreads, kSmem, stream>>>(args);
   return cudaGetLastError();
+}
+
+// Launches mla_decode_split_kernel<F>; explicitly instantiated per format in
+// decode_<format>.cu so the formats compile in parallel.
+template <KvFormat F>
+cudaError_t launch_split_kernel(const DecodeLaunch& args, cudaStream_t stream) {
+  if constexpr (F == KvFormat::kFp8E4M3FN) {
+    if (fp8_pv_raw_requested()) return launch_split_kernel_variant<F, true>(args, stream);
+  }
+  return launch_split_kernel_variant<F, false>(args, stream);
 }
 
 }  // namespace cuda

@@ -51,10 +51,18 @@ __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[
 }
 
 // Two OCP e4m3 codes (low byte -> low half) to f16x2, exactly, in one
-// instruction (sm_89+).
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two_codes) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_codes & 0xFFFFu), __NV_E4M3);
-  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+// instruction (sm_89+): the codes in the low (HalfSel 0) or high (HalfSel 1)
+// 16 bits of `codes`. The high half is read in place (F2FP's .H1 operand), so
+// no shift is spent on it.
+template <int HalfSel = 0>
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t codes) {
+  uint32_t d;
+  if constexpr (HalfSel == 0) {
+    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}\n" : "=r"(d) : "r"(codes));
+  } else {
+    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}\n" : "=r"(d) : "r"(codes));
+  }
+  return d;
 }
 
 // Four transposed 8x8 b16 matrices: lane l supplies the row address of
