@@ -17,12 +17,15 @@
 //      (bf16) and the rescale factor alpha.
 //   3. PV, split over the value dim: warp w owns dims [64w, 64w+64) and
 //      accumulates O (16 x 64 fp32 = 32 registers per thread).
-// fp8 and MXFP4 rows are dequantised in registers by the QK warps right
-// before their mma (never to bf16 in global memory); the QK warps also store
-// the decoded rows to a shared-memory tile, from which PV reads V with
+// fp8 and MXFP4 rows are dequantised in registers right before their mma
+// (never to bf16 in global memory). MXFP4 (and e4m3fnuz): the QK warps also
+// store the decoded rows to a shared-memory tile, from which PV reads V with
 // ldmatrix.trans exactly as the bf16 path reads the raw cache, so each element
-// is decoded once. (A k-step's dims may be permuted freely, consistently for
-// Q and K: each format uses the order that makes its conversion cheapest.)
+// is decoded once. OCP fp8: PV reads the raw codes with ldmatrix.trans and
+// converts them itself (one cvt per two codes is cheaper than the tile's
+// shared-memory traffic). (A k-step's dims may be permuted freely,
+// consistently for Q and K: each format uses the order that makes its
+// conversion cheapest.)
 //
 // mma.sync m16n8k16 fragments (g = lane / 4, c = lane % 4):
 //   A (16x16): a0 = (row g,   k 2c..2c+1)   a1 = (row g+8, k 2c..2c+1)
@@ -35,8 +38,6 @@
 #pragma once
 
 #include <math_constants.h>
-
-#include <cstdlib>
 
 #include "../mla_decode/addressing.h"
 #include "../mla_decode/params.h"
@@ -67,7 +68,7 @@ struct FormatTraits<KvFormat::kBf16> {
 template <>
 struct FormatTraits<KvFormat::kFp8E4M3FN> {
   static constexpr int kRowBytes = 576;
-  static constexpr int kStages = 3;
+  static constexpr int kStages = 5;  // no decoded tile (PV reads the raw stage), so deeper prefetch fits
 };
 template <>
 struct FormatTraits<KvFormat::kFp8E4M3FNUZ> {
@@ -89,12 +90,13 @@ struct SmemLayout {
   static constexpr int kKvOffset = 0;
   static constexpr int kScaleOffset = kKvOffset + kStages * kStageBytes;
   static constexpr int kScaleBytes = (F == KvFormat::kMxfp4) ? kStages * kBlockN * kScaleStride * 2 : 0;
-  // Quantised formats: the QK warps write the K rows they decoded (bf16 or
-  // fp16, 576 values + 16 bytes of padding per token) here, and PV reads V
-  // from it, so every cache element is decoded once.
+  // MXFP4 and e4m3fnuz: the QK warps write the K rows they decoded (bf16,
+  // 576 values + 16 bytes of padding per token) here, and PV reads V from it,
+  // so every cache element is decoded once. (OCP fp8 decodes V again in PV:
+  // one instruction per two codes costs less than this tile's traffic.)
   static constexpr int kDecRowSmem = 2 * kHeadDimQK + 16;
   static constexpr int kDecOffset = kScaleOffset + kScaleBytes;
-  static constexpr int kDecBytes = (F == KvFormat::kBf16) ? 0 : kBlockN * kDecRowSmem;
+  static constexpr int kDecBytes = (F == KvFormat::kBf16 || F == KvFormat::kFp8E4M3FN) ? 0 : kBlockN * kDecRowSmem;
   static constexpr int kFlagOffset = kDecOffset + kDecBytes;
   static constexpr int kFlagBytes = kStages * 16;  // one 32-bit bad-row mask per stage (16-byte aligned)
   static constexpr int kRedOffset = kFlagOffset + kFlagBytes;
@@ -166,6 +168,14 @@ __device__ __forceinline__ void store_row(const float (&o)[kVTiles][4], int half
 template <KvFormat F>
 constexpr bool kMmaF16 = F == KvFormat::kFp8E4M3FN;
 
+// Whether PV converts V from the raw fp8 stage itself (OCP e4m3: one cvt per
+// two codes) rather than reading rows the QK warps decoded. Measured on the
+// H200 (docs/performance.md, run 23): fp8 b256/kv8192 512 -> 449 us; the
+// decoded tile's 36 KB of stores and 32 KB of reads per tile cost more than
+// the conversions done twice.
+template <KvFormat F>
+constexpr bool kPvReadsRawFp8 = F == KvFormat::kFp8E4M3FN;
+
 // Two fp8 codes (low byte -> low half) to the mma operand type, from the low
 // (HalfSel 0) or high (HalfSel 1) 16 bits of `codes`.
 template <KvFormat F, int HalfSel>
@@ -177,18 +187,18 @@ __device__ __forceinline__ uint32_t fp8x2_to_operand(uint32_t codes) {
   }
 }
 
-// kPvRaw (OCP fp8 only): PV reads V straight from the raw fp8 stage and
-// converts it in registers, instead of the QK warps storing decoded rows for
-// it (half the shared-memory traffic of the V path, more conversions in PV).
-template <KvFormat F, bool kPvRaw>
+template <KvFormat F>
 __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const DecodeLaunch args) {
   using L = SmemLayout<F>;
   constexpr int kStages = L::kStages;
   constexpr bool kMx = F == KvFormat::kMxfp4;
   constexpr bool kFp8 = F == KvFormat::kFp8E4M3FN || F == KvFormat::kFp8E4M3FNUZ;
   constexpr bool kF16 = kMmaF16<F>;
-  static_assert(!kPvRaw || F == KvFormat::kFp8E4M3FN, "raw-V PV is written for OCP e4m3 only");
-  constexpr bool kDecode = F != KvFormat::kBf16 && !kPvRaw;  // PV reads the decoded tile
+  // OCP fp8: PV reads V straight from the raw stage and converts it in
+  // registers (kPvRaw); e4m3fnuz and MXFP4: the QK warps store the rows they
+  // decoded and PV reads those (kDecode). See the PV step.
+  constexpr bool kPvRaw = kPvReadsRawFp8<F>;
+  constexpr bool kDecode = F != KvFormat::kBf16 && !kPvRaw;
 
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* smem_kv = smem + L::kKvOffset;
@@ -730,18 +740,10 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
   }
 }
 
-// Experiment switch for the A/B of the raw-V PV path (OCP fp8 only):
-// MLA_DECODE_FP8_PV_RAW=1 selects it. Read once per process.
-inline bool fp8_pv_raw_requested() {
-  static const bool value = [] {
-    const char* v = std::getenv("MLA_DECODE_FP8_PV_RAW");
-    return v != nullptr && v[0] == '1';
-  }();
-  return value;
-}
-
-template <KvFormat F, bool kPvRaw>
-cudaError_t launch_split_kernel_variant(const DecodeLaunch& args, cudaStream_t stream) {
+// Launches mla_decode_split_kernel<F>; explicitly instantiated per format in
+// decode_<format>.cu so the formats compile in parallel.
+template <KvFormat F>
+cudaError_t launch_split_kernel(const DecodeLaunch& args, cudaStream_t stream) {
   constexpr int kSmem = SmemLayout<F>::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
   // The dynamic shared-memory opt-in is per device; remember which devices have it.
@@ -750,23 +752,13 @@ cudaError_t launch_split_kernel_variant(const DecodeLaunch& args, cudaStream_t s
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
   if (dev < 64 && !(__atomic_load_n(&configured_devices, __ATOMIC_ACQUIRE) & (1ull << dev))) {
-    err = cudaFuncSetAttribute(mla_decode_split_kernel<F, kPvRaw>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    err = cudaFuncSetAttribute(mla_decode_split_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (err != cudaSuccess) return err;
     __atomic_fetch_or(&configured_devices, 1ull << dev, __ATOMIC_ACQ_REL);
   }
   const dim3 grid(static_cast<unsigned>(args.p.total_q) * args.head_groups, args.num_splits);
-  mla_decode_split_kernel<F, kPvRaw><<<grid, kThreads, kSmem, stream>>>(args);
+  mla_decode_split_kernel<F><<<grid, kThreads, kSmem, stream>>>(args);
   return cudaGetLastError();
-}
-
-// Launches mla_decode_split_kernel<F>; explicitly instantiated per format in
-// decode_<format>.cu so the formats compile in parallel.
-template <KvFormat F>
-cudaError_t launch_split_kernel(const DecodeLaunch& args, cudaStream_t stream) {
-  if constexpr (F == KvFormat::kFp8E4M3FN) {
-    if (fp8_pv_raw_requested()) return launch_split_kernel_variant<F, true>(args, stream);
-  }
-  return launch_split_kernel_variant<F, false>(args, stream);
 }
 
 }  // namespace cuda
