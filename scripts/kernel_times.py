@@ -1,12 +1,17 @@
-"""Where the time of one competition call goes: GPU kernel durations (CUPTI, via
-torch.profiler) and the host's cost of one custom_kernel call, per shape.
+"""Where the time of one competition call goes: GPU kernel durations and the
+timeline of one call (CUPTI, via torch.profiler), and the host's cost of one
+custom_kernel call, per shape.
 
     python3 scripts/kernel_times.py [fp8|bf16|mxfp4 ...]
 
 For each competition shape: the mean device duration of each kernel of a call
-(L2 flushed before every call, as in the protocol), their sum, and the host
-time of the call (perf_counter around custom_kernel, no synchronisation; under
-the protocol it is hidden behind the flush kernel). Prints one table per format.
+(L2 flushed before every call, as in the protocol), the median timeline of a
+call relative to the end of the flush kernel (when the protocol's start event
+fires): split kernel start / end, combine end; and the host time of the call
+(perf_counter around custom_kernel, no synchronisation; under the protocol it
+is hidden behind the flush kernel). The combine kernel is launched early
+(programmatic dependent launch) and waits, so its own duration is not its
+cost: "comb_end - split_end" is. Prints one table per format.
 """
 import os
 import sys
@@ -43,12 +48,26 @@ def main():
                     host.append((time.perf_counter() - t0) * 1e6)
                     torch.cuda.synchronize()
             per_kernel = defaultdict(float)
+            marks = defaultdict(list)  # per call: flush end, split start/end, combine end
             for ev in prof.events():
-                if ev.device_type == torch.autograd.DeviceType.CUDA and "fill" not in ev.name.lower():
-                    name = "split" if "split_kernel" in ev.name else ("combine" if "combine" in ev.name else ev.name[:40])
-                    per_kernel[name] += ev.device_time_total / ITERS
+                if ev.device_type != torch.autograd.DeviceType.CUDA:
+                    continue
+                name = ev.name.lower()
+                kind = "flush" if "fill" in name else ("split" if "split_kernel" in name else
+                                                       ("combine" if "combine" in name else name[:40]))
+                marks[kind].append((ev.time_range.start, ev.time_range.end))
+                if kind != "flush":
+                    per_kernel[kind] += ev.device_time_total / ITERS
+            line = ""
+            if len(marks["flush"]) == ITERS and len(marks["split"]) == ITERS:
+                fl, sp = sorted(marks["flush"]), sorted(marks["split"])
+                co = sorted(marks["combine"]) if len(marks["combine"]) == ITERS else None
+                med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+                line = (f"split {med([s[0] - f[1] for f, s in zip(fl, sp)]):5.1f}..{med([s[1] - f[1] for f, s in zip(fl, sp)]):6.1f}")
+                if co:
+                    line += f"  comb_end {med([c[1] - f[1] for f, c in zip(fl, co)]):6.1f}"
             parts = " ".join(f"{k}={v:.1f}" for k, v in sorted(per_kernel.items()))
-            print(f"b{b:<4d} kv{kv:<5d} sum={sum(per_kernel.values()):6.1f}  {parts}  host={sorted(host)[len(host) // 2]:.1f}")
+            print(f"b{b:<4d} kv{kv:<5d} {line:34s} durations: {parts}  host={sorted(host)[len(host) // 2]:.1f}")
 
 
 if __name__ == "__main__":

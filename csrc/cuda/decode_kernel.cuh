@@ -311,12 +311,15 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
     const int n = tid / kThreadsPerToken;
     const int sub = tid % kThreadsPerToken;
     const int r = __shfl_sync(0xffffffffu, my_row, n);
-    const uint8_t* src = kv_base + static_cast<int64_t>(r >= 0 ? r : 0) * p.kv_row_stride_bytes;
-    const uint32_t dst = smem_u32(smem_kv + slot * L::kStageBytes + n * L::kRowSmem);
+    // One base address per thread; the chunks are constant offsets from it.
+    const uint8_t* src = kv_base + static_cast<int64_t>(r >= 0 ? r : 0) * p.kv_row_stride_bytes + 16 * sub;
+    const uint32_t dst = smem_u32(smem_kv + slot * L::kStageBytes + n * L::kRowSmem + 16 * sub);
+    const int src_bytes = r >= 0 ? 16 : 0;
 #pragma unroll
     for (int m = 0; m < (kChunks + kThreadsPerToken - 1) / kThreadsPerToken; ++m) {
-      const int ch = sub + kThreadsPerToken * m;
-      if (ch < kChunks) cp_async_16(dst + ch * 16, src + ch * 16, r >= 0 ? 16 : 0);
+      if (kChunks % kThreadsPerToken == 0 || sub + kThreadsPerToken * m < kChunks) {
+        cp_async_16(dst + 16 * kThreadsPerToken * m, src + 16 * kThreadsPerToken * m, src_bytes);
+      }
     }
     const uint32_t bad_rows = __ballot_sync(0xffffffffu, my_row == -1);  // same in every warp
     if (tid == 0) smem_flag[slot] = static_cast<int32_t>(bad_rows);
@@ -446,13 +449,33 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
   const int sm_row = tid >> 4;
   const int sm_col = (tid & 15) * 2;
 
+  // Barriers per tile. Formats with a decoded tile (MXFP4, e4m3fnuz) or only
+  // two stages (bf16) use three:
+  //   (A) tile `it` landed and is visible; every warp finished PV(it - 1), so
+  //       its stage slot and the decoded tile may be rewritten;
+  //   (B) partial scores visible;  (C) P and alpha visible.
+  // OCP fp8 (no decoded tile, five stages) folds (A) into the other two: the
+  // next tile is issued after (B), when every warp is past PV(it - 1), into
+  // that tile's slot, and each thread waits for its copies of tile it + 1
+  // before (C), which then also publishes them. Nothing else crosses
+  // iterations: QK(it + 1) rewrites the score buffer only after (C) (the
+  // softmax of `it` is done), and softmax(it + 1) rewrites P and alpha only
+  // after (B) of it + 1 (PV of `it` is done).
+  constexpr bool kTwoBarriers = !kDecode && kStages >= 3;
+  static_assert(!kTwoBarriers || !kMx, "the MXFP4 scale staging assumes barrier (A)");
+  if constexpr (kTwoBarriers) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // tile 0 visible
+  }
   for (int it = 0; it < n_tiles; ++it) {
     const int slot = it % kStages;
-    cp_async_wait<kStages - 2>();
-    __syncthreads();  // (A) tile `it` landed; everyone finished PV of it-1
     const int next = it + kStages - 1;
-    if (next < n_tiles) issue_tile(next, next % kStages);
-    cp_async_commit();
+    if constexpr (!kTwoBarriers) {
+      cp_async_wait<kStages - 2>();
+      __syncthreads();  // (A)
+      if (next < n_tiles) issue_tile(next, next % kStages);
+      cp_async_commit();
+    }
 
     const uint8_t* stage = smem_kv + slot * L::kStageBytes;
     const uint16_t* scl = smem_scale + slot * kBlockN * kScaleStride;
@@ -581,6 +604,10 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
     }
     if (next < n_tiles) store_scales(next % kStages);
     __syncthreads();  // (B) partial scores visible
+    if constexpr (kTwoBarriers) {
+      if (next < n_tiles) issue_tile(next, next % kStages);  // the slot of tile it - 1
+      cp_async_commit();
+    }
 
     // ---- 2. online softmax: 16 threads per row, 2 tokens each --------------
     {
@@ -626,7 +653,8 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
       }
       if ((tid & 15) == 0) smem_alpha[sm_row] = alpha;
     }
-    __syncthreads();  // (C) P and alpha visible
+    if constexpr (kTwoBarriers) cp_async_wait<kStages - 2>();  // this thread's copies of tile it + 1
+    __syncthreads();  // (C) P and alpha visible (two-barrier loop: and tile it + 1)
 
     // ---- 3. O = alpha * O + P V over this warp's 64 value dims -------------
     {

@@ -18,27 +18,28 @@ extern template cudaError_t launch_split_kernel<KvFormat::kMxfp4>(const DecodeLa
 
 namespace {
 
-// The combine kernel works in groups of 32 lanes on both vendors: on wave64 a
-// wavefront holds two groups, and every shuffle stays in its group (xor
-// offsets < 32).
 constexpr int kMaxSplits = kMaxNumSplits;  // csrc/mla_decode/params.h
 
-constexpr int kCombineThreads = 256;  // 8 groups of 32 lanes per (token, head) row
-constexpr int kCombineGroups = kCombineThreads / 32;
-constexpr int kCombineMaxSplitsPerLane = (kMaxSplits + 31) / 32;
+constexpr int kCombineRowThreads = kHeadDimV / 4;  // 128: thread t owns dims 4t..4t+3 of a row
+constexpr int kCombineRowsPerBlock = 2;
+constexpr int kCombineThreads = kCombineRowThreads * kCombineRowsPerBlock;
+constexpr int kCombineChunk = 8;  // splits whose loads are in flight together
 
-// Merges the split partials of one (token, head) row per block:
-//   out = sum_s exp(lse_s - M) * O_s / sum_s exp(lse_s - M),  lse = M + log(sum).
-// Partials are normalised (O_s = sum p v / sum p); empty splits have lse -inf
-// and O_s = 0. Grid: total_q * H blocks of 256 threads.
+// Merges the split partials of each (token, head) row:
+//   out = sum_s exp(lse_s - M) O_s / sum_s exp(lse_s - M),  lse = M + log(sum)
+// (natural log). Partials are normalised (O_s = sum p v / sum p); an empty
+// split has lse -inf and O_s = 0 and weighs nothing; any NaN lse makes the row
+// NaN (a bad cache index). Grid: ceil(total_q * H / 2) blocks of 256 threads,
+// 128 per row.
 //
 // Latency, not bandwidth, bounds this kernel (the partials were just written
-// and sit in L2), so it is laid out for the fewest dependent round trips:
-// group w issues its loads of splits w, w + 8, w + 16, w + 24 for all 512 dims
-// (lane k: the float4s at 4k + 128i) first, while group 0 also loads the S
-// partial LSEs (one per lane) and turns them into weights; one L2 round trip
-// covers both. The 8 group sums meet in shared memory. Splits beyond 32 take
-// further passes.
+// and sit in L2), so it is laid out for the fewest dependent round trips and
+// no block-wide synchronisation: every thread reads the row's LSEs itself (the
+// same addresses for all 128, served as broadcasts) together with its own
+// float4 of each split, kCombineChunk splits per round trip, and folds them
+// into a running (max, sum, acc) as in the online softmax. Up to 8 splits
+// take one round trip. There are no cross-lane operations, so the code is the
+// same for 32- and 64-wide warps.
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const MlaDecodeParams p,
                                                                   const float* __restrict__ partial_out,
                                                                   const float* __restrict__ partial_lse,
@@ -48,118 +49,64 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const MlaDecod
   // here until that grid has finished and its writes are visible.
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
-  __shared__ float smem_w[kMaxSplits];
-  __shared__ float smem_stat[2];  // lse, nan flag
-  __shared__ float4 smem_acc[kCombineGroups][kHeadDimV / 4];
-  const int group = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
-  const int64_t row = blockIdx.x;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kCombineRowsPerBlock + threadIdx.x / kCombineRowThreads;
+  const int t4 = threadIdx.x % kCombineRowThreads;
+  if (row >= rows) return;
 
-  // First pass's partials, in flight before the weights are known.
-  constexpr int kUnroll = 4;
-  float4 x[kUnroll][4];
+  float m = -MLA_INF, wsum = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  bool has_nan = false;
+  for (int base = 0; base < num_splits; base += kCombineChunk) {
+    float lse[kCombineChunk];
+    float4 x[kCombineChunk];
 #pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    const int s = group + u * kCombineGroups;
-    const int sc = s < num_splits ? s : 0;  // a valid address; its weight is 0
-    const float4* src = reinterpret_cast<const float4*>(partial_out + (sc * rows + row) * kHeadDimV);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) x[u][i] = src[lane + 32 * i];
-  }
-
-  if (group == 0) {
-    float lse_l[kCombineMaxSplitsPerLane];
-    float mx = -MLA_INF;
-    bool has_nan = false;
-#pragma unroll
-    for (int k = 0; k < kCombineMaxSplitsPerLane; ++k) {
-      const int s = lane + 32 * k;
-      lse_l[k] = s < num_splits ? partial_lse[s * rows + row] : -MLA_INF;
-      has_nan |= isnan(lse_l[k]);
-      mx = fmaxf(mx, lse_l[k]);
-    }
-    for (int off = 16; off > 0; off >>= 1) {
-      mx = fmaxf(mx, mla_shfl_xor(mx, off));
-      has_nan |= mla_shfl_xor(static_cast<int>(has_nan), off) != 0;
-    }
-    float wsum = 0.f;
-    float w_l[kCombineMaxSplitsPerLane];
-#pragma unroll
-    for (int k = 0; k < kCombineMaxSplitsPerLane; ++k) {
-      w_l[k] = (lse_l[k] == -MLA_INF || mx == -MLA_INF) ? 0.f : __expf(lse_l[k] - mx);
-      wsum += w_l[k];
-    }
-    for (int off = 16; off > 0; off >>= 1) wsum += mla_shfl_xor(wsum, off);
-    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-#pragma unroll
-    for (int k = 0; k < kCombineMaxSplitsPerLane; ++k) {
-      const int s = lane + 32 * k;
-      if (s < num_splits) smem_w[s] = w_l[k] * inv;  // normalised weights
-    }
-    if (lane == 0) {
-      smem_stat[0] = has_nan ? MLA_NAN : (wsum > 0.f ? mx + __logf(wsum) : -MLA_INF);
-      smem_stat[1] = has_nan ? 1.f : 0.f;
-    }
-  }
-  __syncthreads();
-
-  float4 acc[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int s0 = group;; s0 += kUnroll * kCombineGroups) {
-    float w[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int s = s0 + u * kCombineGroups;
-      w[u] = s < num_splits ? smem_w[s] : 0.f;
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        acc[i].x += w[u] * x[u][i].x;
-        acc[i].y += w[u] * x[u][i].y;
-        acc[i].z += w[u] * x[u][i].z;
-        acc[i].w += w[u] * x[u][i].w;
+    for (int u = 0; u < kCombineChunk; ++u) {
+      const int s = base + u;
+      if (s < num_splits) {
+        lse[u] = partial_lse[s * rows + row];
+        x[u] = reinterpret_cast<const float4*>(partial_out + (s * rows + row) * kHeadDimV)[t4];
+      } else {
+        lse[u] = -MLA_INF;
+        x[u] = make_float4(0.f, 0.f, 0.f, 0.f);
       }
     }
-    const int s_next = s0 + kUnroll * kCombineGroups;
-    if (s_next >= num_splits) break;
+    float m_new = m;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int s = s_next + u * kCombineGroups;
-      const int sc = s < num_splits ? s : 0;
-      const float4* src = reinterpret_cast<const float4*>(partial_out + (sc * rows + row) * kHeadDimV);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) x[u][i] = src[lane + 32 * i];
+    for (int u = 0; u < kCombineChunk; ++u) {
+      has_nan |= isnan(lse[u]);
+      m_new = fmaxf(m_new, lse[u]);
     }
+    if (m_new == -MLA_INF) continue;  // nothing but empty splits so far
+    const float rescale = m == -MLA_INF ? 0.f : __expf(m - m_new);
+    wsum *= rescale;
+    acc.x *= rescale;
+    acc.y *= rescale;
+    acc.z *= rescale;
+    acc.w *= rescale;
+#pragma unroll
+    for (int u = 0; u < kCombineChunk; ++u) {
+      const float w = lse[u] == -MLA_INF ? 0.f : __expf(lse[u] - m_new);
+      wsum += w;
+      acc.x += w * x[u].x;
+      acc.y += w * x[u].y;
+      acc.z += w * x[u].z;
+      acc.w += w * x[u].w;
+    }
+    m = m_new;
   }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) smem_acc[group][lane + 32 * i] = acc[i];
-  __syncthreads();
-
-  if (threadIdx.x < kHeadDimV / 4) {
-    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int g = 0; g < kCombineGroups; ++g) {
-      const float4 v = smem_acc[g][threadIdx.x];
-      sum.x += v.x;
-      sum.y += v.y;
-      sum.z += v.z;
-      sum.w += v.w;
-    }
-    const float nan_or_zero = smem_stat[1] != 0.f ? MLA_NAN : 0.f;
-    const int t = static_cast<int>(row / p.num_heads), h = static_cast<int>(row % p.num_heads);
-    uint16_t* dst = static_cast<uint16_t*>(p.out) + static_cast<int64_t>(t) * p.out_stride_token +
-                    static_cast<int64_t>(h) * p.out_stride_head;  // bf16 bits
-    uint2 packed;
-    packed.x = mla_pack_bf16x2(sum.x + nan_or_zero, sum.y + nan_or_zero);
-    packed.y = mla_pack_bf16x2(sum.z + nan_or_zero, sum.w + nan_or_zero);
-    *reinterpret_cast<uint2*>(dst + 4 * threadIdx.x) = packed;
-    if (threadIdx.x == 0) {
-      p.lse[static_cast<int64_t>(t) * p.lse_stride_token + static_cast<int64_t>(h) * p.lse_stride_head] =
-          smem_stat[0];
-    }
+  const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+  const float nan_or_zero = has_nan ? MLA_NAN : 0.f;
+  const int t = static_cast<int>(row / p.num_heads), h = static_cast<int>(row % p.num_heads);
+  uint16_t* dst = static_cast<uint16_t*>(p.out) + static_cast<int64_t>(t) * p.out_stride_token +
+                  static_cast<int64_t>(h) * p.out_stride_head;  // bf16 bits
+  uint2 packed;
+  packed.x = mla_pack_bf16x2(acc.x * inv + nan_or_zero, acc.y * inv + nan_or_zero);
+  packed.y = mla_pack_bf16x2(acc.z * inv + nan_or_zero, acc.w * inv + nan_or_zero);
+  *reinterpret_cast<uint2*>(dst + 4 * t4) = packed;
+  if (t4 == 0) {
+    p.lse[static_cast<int64_t>(t) * p.lse_stride_token + static_cast<int64_t>(h) * p.lse_stride_head] =
+        has_nan ? MLA_NAN : (wsum > 0.f ? m + __logf(wsum) : -MLA_INF);
   }
 }
 
@@ -226,7 +173,8 @@ cudaError_t launch_decode(const MlaDecodeParams& p, const SplitPlan& plan, void*
     default: return cudaErrorInvalidValue;
   }
   if (err != cudaSuccess || plan.num_splits == 1) return err;
-  const unsigned blocks = static_cast<unsigned>(static_cast<int64_t>(p.total_q) * p.num_heads);
+  const unsigned blocks = static_cast<unsigned>(
+      (static_cast<int64_t>(p.total_q) * p.num_heads + kCombineRowsPerBlock - 1) / kCombineRowsPerBlock);
 #if !MLA_PLATFORM_HIP
   // Programmatic dependent launch (sm_90+): the combine grid is launched while
   // the split kernel runs and waits for it in griddepcontrol.wait, which hides
