@@ -21,28 +21,30 @@ namespace {
 constexpr int kMaxSplits = kMaxNumSplits;  // csrc/mla_decode/params.h
 
 constexpr int kCombineRowThreads = kHeadDimV / 4;  // 128: thread t owns dims 4t..4t+3 of a row
-constexpr int kCombineRowsPerBlock = 2;
-constexpr int kCombineThreads = kCombineRowThreads * kCombineRowsPerBlock;
 
 // Merges the split partials of each (token, head) row:
 //   out = sum_s exp(lse_s - M) O_s / sum_s exp(lse_s - M),  lse = M + log(sum)
 // (natural log). Partials are normalised (O_s = sum p v / sum p); an empty
 // split has lse -inf and O_s = 0 and weighs nothing; any NaN lse makes the row
-// NaN (a bad cache index). Grid: ceil(total_q * H / 2) blocks of 256 threads,
-// 128 per row.
+// NaN (a bad cache index). Grid: ceil(total_q * H / kRows) blocks of 128 kRows
+// threads, 128 per row.
 //
 // Latency, not bandwidth, bounds this kernel (the partials were just written
 // and sit in L2), so it is laid out for the fewest dependent round trips and
 // no block-wide synchronisation: every thread reads the row's LSEs itself (the
 // same addresses for all 128, served as broadcasts) together with its own
 // float4 of each split, kChunk splits per round trip, and folds them into a
-// running (max, sum, acc) as in the online softmax. The launcher picks kChunk
-// 8 (64 registers, four blocks per SM: many rows, few splits) or 32 (few rows,
-// many splits: one round trip where chunks of 8 took four, measured +1.8 us
-// at 32 splits). There are no cross-lane operations, so the code is the same
-// for 32- and 64-wide warps.
-template <int kChunk>
-__global__ void __launch_bounds__(kCombineThreads) combine_kernel(const MlaDecodeParams p,
+// running (max, sum, acc) as in the online softmax. The launcher picks
+//   kChunk 8, kRows 2 (64 registers, four blocks per SM) for plans of up to 8
+//     splits, which have many rows;
+//   kChunk 32, kRows 1 (~190 registers) for more splits, which have few rows:
+//     one round trip where chunks of 8 took four (measured: 4.5 -> 3.7 us
+//     after the split kernel at 32 splits), and one row per block so the
+//     rows' 64 KB of partials are read by as many SMs as there are rows.
+// There are no cross-lane operations, so the code is the same for 32- and
+// 64-wide warps.
+template <int kChunk, int kRows>
+__global__ void __launch_bounds__(kCombineRowThreads * kRows) combine_kernel(const MlaDecodeParams p,
                                                                   const float* __restrict__ partial_out,
                                                                   const float* __restrict__ partial_lse,
                                                                   int num_splits) {
@@ -52,7 +54,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const MlaDecod
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
   const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kCombineRowsPerBlock + threadIdx.x / kCombineRowThreads;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRows + threadIdx.x / kCombineRowThreads;
   const int t4 = threadIdx.x % kCombineRowThreads;
   if (row >= rows) return;
 
@@ -175,11 +177,13 @@ cudaError_t launch_decode(const MlaDecodeParams& p, const SplitPlan& plan, void*
     default: return cudaErrorInvalidValue;
   }
   if (err != cudaSuccess || plan.num_splits == 1) return err;
+  // See combine_kernel for the two variants.
+  const bool many_splits = plan.num_splits > 8;
+  const int rows_per_block = many_splits ? 1 : 2;
+  auto* const combine = many_splits ? combine_kernel<32, 1> : combine_kernel<8, 2>;
   const unsigned blocks = static_cast<unsigned>(
-      (static_cast<int64_t>(p.total_q) * p.num_heads + kCombineRowsPerBlock - 1) / kCombineRowsPerBlock);
-  // Chunks of 32 splits when there are more than 8 (each block then needs
-  // ~160 registers per thread, fine for the few rows such plans have).
-  auto* const combine = plan.num_splits > 8 ? combine_kernel<32> : combine_kernel<8>;
+      (static_cast<int64_t>(p.total_q) * p.num_heads + rows_per_block - 1) / rows_per_block);
+  const unsigned threads = static_cast<unsigned>(kCombineRowThreads * rows_per_block);
 #if !MLA_PLATFORM_HIP
   // Programmatic dependent launch (sm_90+): the combine grid is launched while
   // the split kernel runs and waits for it in griddepcontrol.wait, which hides
@@ -195,7 +199,7 @@ cudaError_t launch_decode(const MlaDecodeParams& p, const SplitPlan& plan, void*
   if (dev < 64 && cc_major[dev] >= 9) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(blocks);
-    cfg.blockDim = dim3(kCombineThreads);
+    cfg.blockDim = dim3(threads);
     cfg.dynamicSmemBytes = 0;
     cfg.stream = stream;
     cudaLaunchAttribute attr[1];
@@ -207,7 +211,7 @@ cudaError_t launch_decode(const MlaDecodeParams& p, const SplitPlan& plan, void*
                               static_cast<const float*>(args.partial_lse), static_cast<int>(plan.num_splits));
   }
 #endif
-  combine<<<blocks, kCombineThreads, 0, stream>>>(p, args.partial_out, args.partial_lse, plan.num_splits);
+  combine<<<blocks, threads, 0, stream>>>(p, args.partial_out, args.partial_lse, plan.num_splits);
   return cudaGetLastError();
 }
 
