@@ -32,6 +32,15 @@ def test_forced_splits(fmt, num_splits):
     check_against_reference(case, out, lse)
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_forced_splits_two_combine_chunks(fmt):
+    """38 non-empty splits of 32 keys: the combine folds them in two chunks (32 + 6), so a
+    row whose largest split LSE is in the second chunk needs the running rescale."""
+    case = make_case(fmt, "indptr", 16, 1, [1200, 5, 0, 260], seed=40, device=DEV)
+    out, lse = torch.ops.mla_decode.decode(*case.args(), 40)
+    check_against_reference(case, out, lse)
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "mxfp4"])
 def test_long_sequence(fmt):
     case = make_case(fmt, "paged", 16, 1, [9000, 3], seed=77, device=DEV, page_size=64)

@@ -623,6 +623,16 @@ int main() {
     c.kv_lens = {2000}; c.splits = 1; c.seed = 16; add(c);
   }
 
+  // More than 8 splits: the combine's many-split variant (chunks of 32, one row per block).
+  {
+    Case c; c.name = "bf16 ragged 1200/5/0/260, 40 splits (two chunks)"; c.q_lens = {1, 1, 1, 1};
+    c.kv_lens = {1200, 5, 0, 260}; c.splits = 40; c.seed = 17; add(c);
+  }
+  {
+    Case c; c.name = "fp8_e4m3fn indices bad index, 24 splits"; c.fmt = F::kFp8E4M3FN; c.layout = L::kIndptrIndices;
+    c.q_lens = {1, 1}; c.kv_lens = {400, 64}; c.bad_token = 10; c.splits = 24; c.seed = 18; add(c);
+  }
+
   int failed = check_decoders() != 0;
   failed += check_mfma() != 0;
   failed += check_fp8_helpers() != 0;
