@@ -14,7 +14,8 @@
 //      score tile.
 //   2. The 4 partial tiles of each token are summed through shared memory;
 //      16 threads per row run the online softmax (log2 domain) and write P
-//      (bf16) and the rescale factor alpha.
+//      (bf16, or fp16 for OCP fp8) and the rescale factor alpha.
+//   CTA barriers per stage: three, or two for OCP fp8 (see the tile loop).
 //   3. PV, split over the value dim: warp w owns dims [64w, 64w+64) and
 //      accumulates O (16 x 64 fp32 = 32 registers per thread).
 // fp8 and MXFP4 rows are dequantised in registers right before their mma
