@@ -659,6 +659,13 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
 
     // ---- 3. O = alpha * O + P V over this warp's 64 value dims -------------
     {
+      // The A fragment (16 rows x 16 tokens from token tb) of P.
+      auto load_p_fragment = [&](int tb, uint32_t(&a)[4]) {
+        a[0] = *reinterpret_cast<const uint32_t*>(smem_p + g * kPStride + tb + 2 * c);
+        a[1] = *reinterpret_cast<const uint32_t*>(smem_p + (g + 8) * kPStride + tb + 2 * c);
+        a[2] = *reinterpret_cast<const uint32_t*>(smem_p + g * kPStride + tb + 2 * c + 8);
+        a[3] = *reinterpret_cast<const uint32_t*>(smem_p + (g + 8) * kPStride + tb + 2 * c + 8);
+      };
       const float alpha_a = smem_alpha[g], alpha_b = smem_alpha[g + 8];
       // Once the running max settles alpha is 1 for every row: skip the rescale.
       if (__any_sync(0xffffffffu, alpha_a != 1.f || alpha_b != 1.f)) {
@@ -671,16 +678,10 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
         }
       }
       if constexpr (kPvRaw) {
-        // P fragments of both 16-token k-steps (as in the other branch).
+        // P fragments of both 16-token k-steps.
         uint32_t a[2][4];
 #pragma unroll
-        for (int kk = 0; kk < 2; ++kk) {
-          const int tb = 16 * kk;
-          a[kk][0] = *reinterpret_cast<const uint32_t*>(smem_p + g * kPStride + tb + 2 * c);
-          a[kk][1] = *reinterpret_cast<const uint32_t*>(smem_p + (g + 8) * kPStride + tb + 2 * c);
-          a[kk][2] = *reinterpret_cast<const uint32_t*>(smem_p + g * kPStride + tb + 2 * c + 8);
-          a[kk][3] = *reinterpret_cast<const uint32_t*>(smem_p + (g + 8) * kPStride + tb + 2 * c + 8);
-        }
+        for (int kk = 0; kk < 2; ++kk) load_p_fragment(16 * kk, a[kk]);
         // ldmatrix.trans on the raw rows (row = token, 16-bit column n = dims
         // 2n, 2n+1 of a 16-dim slab; lane l addresses token l = row l % 8 of
         // matrix l / 8) gives lane (g, c) of matrix m the bytes [token 8m+2c:
@@ -704,10 +705,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
         for (int kk = 0; kk < kBlockN / 16; ++kk) {
           const int tb = 16 * kk;
           uint32_t a[4];
-          a[0] = *reinterpret_cast<const uint32_t*>(smem_p + g * kPStride + tb + 2 * c);
-          a[1] = *reinterpret_cast<const uint32_t*>(smem_p + (g + 8) * kPStride + tb + 2 * c);
-          a[2] = *reinterpret_cast<const uint32_t*>(smem_p + g * kPStride + tb + 2 * c + 8);
-          a[3] = *reinterpret_cast<const uint32_t*>(smem_p + (g + 8) * kPStride + tb + 2 * c + 8);
+          load_p_fragment(tb, a);
           // V rows: the raw bf16 stage, or the tile the QK warps decoded.
           const uint8_t* vsrc = kDecode ? smem_dec : stage;
           static_assert(L::kDecRowSmem == SmemLayout<KvFormat::kBf16>::kRowSmem, "V row strides must match");

@@ -18,9 +18,10 @@ extern template cudaError_t launch_split_kernel<KvFormat::kMxfp4>(const DecodeLa
 
 namespace {
 
-constexpr int kMaxSplits = kMaxNumSplits;  // csrc/mla_decode/params.h
-
 constexpr int kCombineRowThreads = kHeadDimV / 4;  // 128: thread t owns dims 4t..4t+3 of a row
+// The two variants of combine_kernel: splits per L2 round trip, rows per block.
+constexpr int kFewSplitsChunk = 8, kFewSplitsRows = 2;
+constexpr int kManySplitsChunk = 32, kManySplitsRows = 1;
 
 // Merges the split partials of each (token, head) row:
 //   out = sum_s exp(lse_s - M) O_s / sum_s exp(lse_s - M),  lse = M + log(sum)
@@ -178,9 +179,10 @@ cudaError_t launch_decode(const MlaDecodeParams& p, const SplitPlan& plan, void*
   }
   if (err != cudaSuccess || plan.num_splits == 1) return err;
   // See combine_kernel for the two variants.
-  const bool many_splits = plan.num_splits > 8;
-  const int rows_per_block = many_splits ? 1 : 2;
-  auto* const combine = many_splits ? combine_kernel<32, 1> : combine_kernel<8, 2>;
+  const bool many_splits = plan.num_splits > kFewSplitsChunk;
+  const int rows_per_block = many_splits ? kManySplitsRows : kFewSplitsRows;
+  auto* const combine = many_splits ? combine_kernel<kManySplitsChunk, kManySplitsRows>
+                                    : combine_kernel<kFewSplitsChunk, kFewSplitsRows>;
   const unsigned blocks = static_cast<unsigned>(
       (static_cast<int64_t>(p.total_q) * p.num_heads + rows_per_block - 1) / rows_per_block);
   const unsigned threads = static_cast<unsigned>(kCombineRowThreads * rows_per_block);
