@@ -40,6 +40,8 @@
 
 #include <math_constants.h>
 
+#include <type_traits>
+
 #include "../mla_decode/addressing.h"
 #include "../mla_decode/params.h"
 #include "decode_common.h"
@@ -57,7 +59,7 @@ constexpr int kVDimsPerWarp = 64;        // 512 / 8 warps
 constexpr int kVTiles = kVDimsPerWarp / 8;  // n-tiles of the PV accumulator
 constexpr int kRedStride = kBlockN + 4;  // floats per row of a partial score tile
 constexpr int kPStride = kBlockN + 8;    // bf16 per row of the P tile
-constexpr int kScaleStride = 20;         // u16 per token of the MXFP4 scale table (18 used)
+constexpr int kScaleStride = 20;         // u32 per token of the MXFP4 scale table (18 used)
 
 template <KvFormat F>
 struct FormatTraits;
@@ -90,7 +92,8 @@ struct SmemLayout {
   static constexpr int kStageBytes = kBlockN * kRowSmem;
   static constexpr int kKvOffset = 0;
   static constexpr int kScaleOffset = kKvOffset + kStages * kStageBytes;
-  static constexpr int kScaleBytes = (F == KvFormat::kMxfp4) ? kStages * kBlockN * kScaleStride * 2 : 0;
+  // MXFP4: the two bf16 factors of each (token, block) scale, one u32.
+  static constexpr int kScaleBytes = (F == KvFormat::kMxfp4) ? kStages * kBlockN * kScaleStride * 4 : 0;
   // MXFP4 and e4m3fnuz: the QK warps write the K rows they decoded (bf16,
   // 576 values + 16 bytes of padding per token) here, and PV reads V from it,
   // so every cache element is decoded once. (OCP fp8 decodes V again in PV:
@@ -127,11 +130,31 @@ __device__ __forceinline__ int brev3(int x) { return ((x & 1) << 2) | (x & 2) | 
 //     2q+1 cover the even and odd dims of the slab 64w + 16q (B column n =
 //     dim 2n, 2n+1), so columns 2c, 2c+1 of the two are the four contiguous
 //     dims 64w + 16q + 4c ...
-template <bool kPairedDims, typename OutT>
+// kPairOrder (MXFP4): the decoded tile holds each 8-dim
+// group whose dims are not a ninth-k-step group (dim % 144 < 128) in pair
+// order (position 2p = dim p, 2p + 1 = dim p + 4), so columns 2c, 2c+1 of such
+// a group are dims c, c + 4.
+template <bool kPairedDims, typename OutT, bool kPairOrder = false>
 __device__ __forceinline__ void store_row(const float (&o)[kVTiles][4], int half, float scale, OutT* dst, int warp,
                                           int c) {
   const int r0 = 2 * half;
-  if constexpr (kPairedDims) {
+  if constexpr (kPairOrder) {
+#pragma unroll
+    for (int j = 0; j < kVTiles; ++j) {
+      const int base = kVDimsPerWarp * warp + 8 * j;
+      const bool natural = base % (kKStepsPerWarp * 16) >= (kKStepsPerWarp - 1) * 16;
+      const int d0 = natural ? base + 2 * c : base + c;
+      const int d1 = natural ? base + 2 * c + 1 : base + c + 4;
+      const float v0 = o[j][r0] * scale, v1 = o[j][r0 + 1] * scale;
+      if constexpr (sizeof(OutT) == 2) {
+        dst[d0] = __float2bfloat16_rn(v0);
+        dst[d1] = __float2bfloat16_rn(v1);
+      } else {
+        dst[d0] = v0;
+        dst[d1] = v1;
+      }
+    }
+  } else if constexpr (kPairedDims) {
 #pragma unroll
     for (int q = 0; q < kVTiles / 2; ++q) {
       const int dim = kVDimsPerWarp * warp + 16 * q + 4 * c;
@@ -204,7 +227,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* smem_kv = smem + L::kKvOffset;
   uint8_t* smem_dec = smem + L::kDecOffset;
-  uint16_t* smem_scale = reinterpret_cast<uint16_t*>(smem + L::kScaleOffset);
+  uint32_t* smem_scale = reinterpret_cast<uint32_t*>(smem + L::kScaleOffset);
   int32_t* smem_flag = reinterpret_cast<int32_t*>(smem + L::kFlagOffset);
   float* smem_red = reinterpret_cast<float*>(smem + L::kRedOffset);
   __nv_bfloat16* smem_p = reinterpret_cast<__nv_bfloat16*>(smem + L::kPOffset);
@@ -294,11 +317,11 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
   auto store_scales = [&](int slot) {
     if constexpr (kMx) {
       const int n = tid >> 3;
-      uint16_t* dst = smem_scale + (slot * kBlockN + n) * kScaleStride;
+      uint32_t* dst = smem_scale + (slot * kBlockN + n) * kScaleStride;
 #pragma unroll
       for (int m = 0; m < kScalesPerThread; ++m) {
         const int blk = (tid & 7) + 8 * m;
-        if (blk < kMxBlocksPerRow) dst[blk] = static_cast<uint16_t>(e8m0_to_half_scale_bf16(mx_raw[m]));
+        if (blk < kMxBlocksPerRow) dst[blk] = e8m0_to_bf16_scale_pair(mx_raw[m]);
       }
     }
   };
@@ -479,7 +502,9 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
     }
 
     const uint8_t* stage = smem_kv + slot * L::kStageBytes;
-    const uint16_t* scl = smem_scale + slot * kBlockN * kScaleStride;
+    // MXFP4: the two bf16 scale factors of (token, block), see e2m1_pair_bits.
+    const uint32_t* scl = smem_scale + slot * kBlockN * kScaleStride;
+    auto scale_word = [&](int token, int block) -> uint32_t { return scl[token * kScaleStride + block]; };
 
     // ---- 1. partial S = Q K^T over this warp's 144 dims and 16 tokens -------
     // Two 8-token n-tiles (jj), walked k-step outer / n-tile inner so that
@@ -526,28 +551,19 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
           b[3] = fp8x2_to_operand<F, 1>(v.y);
         } else {
           const uint32_t w = *reinterpret_cast<const uint32_t*>(row + d / 2);
-          const uint32_t s1 = scl[tok[jj] * kScaleStride + d / kMxBlock];
-          const uint32_t s2 = s1 | (s1 << 16);
-          uint32_t lut_lo, lut_hi;
-          e2m1_lookup8(w, lut_lo, lut_hi);
-          b[0] = e2m1_pair<0>(w, lut_lo, lut_hi, s2);  // dims (8c, 8c+4)
-          b[1] = e2m1_pair<1>(w, lut_lo, lut_hi, s2);  // dims (8c+1, 8c+5)
-          b[2] = e2m1_pair<2>(w, lut_lo, lut_hi, s2);  // dims (8c+2, 8c+6)
-          b[3] = e2m1_pair<3>(w, lut_lo, lut_hi, s2);  // dims (8c+3, 8c+7)
+          const uint32_t s2 = scale_word(tok[jj], d / kMxBlock);
+          b[0] = e2m1_pair_bits<0>(w, s2);  // dims (8c, 8c+4)
+          b[1] = e2m1_pair_bits<1>(w, s2);  // dims (8c+1, 8c+5)
+          b[2] = e2m1_pair_bits<2>(w, s2);  // dims (8c+2, 8c+6)
+          b[3] = e2m1_pair_bits<3>(w, s2);  // dims (8c+3, 8c+7)
         }
         mma_m16n8k16<kF16>(s_acc[jj], qf[2 * m], b[0], b[1]);
         mma_m16n8k16<kF16>(s_acc[jj], qf[2 * m + 1], b[2], b[3]);
         if constexpr (kDecode) {
-          // Dims d..d+7 of token tok[jj], in natural order, for PV.
-          uint4 nat;
-          if constexpr (kMx) {
-            nat.x = prmt(b[0], b[1], 0x5410);
-            nat.y = prmt(b[2], b[3], 0x5410);
-            nat.z = prmt(b[0], b[1], 0x7632);
-            nat.w = prmt(b[2], b[3], 0x7632);
-          } else {
-            nat = make_uint4(b[0], b[1], b[2], b[3]);
-          }
+          // Dims d..d+7 of token tok[jj], for PV: natural order (e4m3fnuz),
+          // or MXFP4's pair order (position 2p = dim p, 2p + 1 = dim p + 4),
+          // which the epilogue undoes (store_row's kPairOrder).
+          const uint4 nat = make_uint4(b[0], b[1], b[2], b[3]);
           *reinterpret_cast<uint4*>(smem_dec + tok[jj] * L::kDecRowSmem + 2 * d) = nat;
         }
       }
@@ -570,13 +586,10 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
           b1 = fp8x2_to_operand<F, 1>(v);
         } else {
           const uint32_t u = *reinterpret_cast<const uint16_t*>(row + d / 2);
-          const uint32_t s1 = scl[tok[jj] * kScaleStride + d / kMxBlock];
-          const uint32_t s2 = s1 | (s1 << 16);
+          const uint32_t s2 = scale_word(tok[jj], d / kMxBlock);
           const uint32_t w = prmt(u, 0u, 0x4140);  // bytes [u0, 0, u1, 0]: codes at nibbles 0,1,4,5
-          uint32_t lut_lo, lut_hi;
-          e2m1_lookup8(w, lut_lo, lut_hi);
-          b0 = e2m1_pair<0>(w, lut_lo, lut_hi, s2);  // dims (4c, 4c+2)
-          b1 = e2m1_pair<1>(w, lut_lo, lut_hi, s2);  // dims (4c+1, 4c+3)
+          b0 = e2m1_pair_bits<0>(w, s2);  // dims (4c, 4c+2)
+          b1 = e2m1_pair_bits<1>(w, s2);  // dims (4c+1, 4c+3)
         }
         mma_m16n8k16<kF16>(s_acc[jj], qf[kk], b0, b1);
         if constexpr (kDecode) {
@@ -755,13 +768,13 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
     if (args.num_splits == 1) {
       __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(p.out) + static_cast<int64_t>(t) * p.out_stride_token +
                            static_cast<int64_t>(h) * p.out_stride_head;
-      store_row<kPvRaw>(o, half, inv, dst, warp, c);
+      store_row<kPvRaw, std::remove_pointer_t<decltype(dst)>, kMx>(o, half, inv, dst, warp, c);
       if (warp == 0 && c == 0) p.lse[static_cast<int64_t>(t) * p.lse_stride_token + static_cast<int64_t>(h) * p.lse_stride_head] = lse;
     } else {
       const int64_t row = static_cast<int64_t>(t) * p.num_heads + h;
       const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
       float* dst = args.partial_out + (static_cast<int64_t>(split) * rows + row) * kHeadDimV;
-      store_row<kPvRaw>(o, half, inv, dst, warp, c);
+      store_row<kPvRaw, std::remove_pointer_t<decltype(dst)>, kMx>(o, half, inv, dst, warp, c);
       if (warp == 0 && c == 0) args.partial_lse[static_cast<int64_t>(split) * rows + row] = lse;
     }
   }

@@ -106,40 +106,32 @@ __device__ __forceinline__ uint32_t e4m3fnuz_x2_to_bf16x2(uint32_t two_codes) {
   return bf16x2_bits(__floats2bfloat162_rn(lo, hi));
 }
 
-// E2M1 decode. Twice an E2M1 magnitude is an integer in {0,1,2,3,4,6,8,12};
-// prmt looks it up from an 8-byte table (nibble = byte selector). Putting that
-// integer k in the low byte under a 0x43 high byte gives the bf16 128 + k;
-// subtracting 128 gives k exactly, the sign is xor-ed in, and a multiply by
-// the block scale 2^(E-128) (bf16, per half) gives code * 2^(E-127).
-constexpr uint32_t kE2m1TwiceLo = 0x03020100u;  // codes 0..3 -> 0,1,2,3
-constexpr uint32_t kE2m1TwiceHi = 0x0C080604u;  // codes 4..7 -> 4,6,8,12
-
-// `w` holds 8 codes (nibble p = code p). Returns the bf16x2 pair
-// {code p (low half), code p+4 (high half)} scaled by `scale2` (bf16x2),
-// given the table bytes lut_lo = twice|code 0..3|, lut_hi = twice|code 4..7|.
+// E2M1 decode without a table. (code & 7) << 6 read as bf16 bits is exactly
+// |code| * 2^-126 (code 1, 0.5, lands on the subnormal 2^-127), and code bit 3
+// is the sign. Returns the
+// bf16x2 pair {code p (low half), code p+4 (high half)} of the 8 codes in `w`,
+// times 2^(E-127), given `scales` = bf16 {2^floor((E-1)/2), 2^ceil((E-1)/2)}
+// (two factors because 2^(E-1) overflows bf16 for E > 128). 6 instructions per
+// pair (2 shifts, 2 masks, 2 multiplies); the prmt-table decode it replaced
+// took 7 plus the lookup (docs/performance.md, v21).
 template <int P>
-__device__ __forceinline__ uint32_t e2m1_pair(uint32_t w, uint32_t lut_lo, uint32_t lut_hi, uint32_t scale2) {
-  constexpr uint32_t sel = P | (P << 4) | ((4 + P) << 8) | ((4 + P) << 12);
-  uint32_t x = prmt(lut_lo, lut_hi, sel);
-  x = (x & 0x00FF00FFu) | 0x43004300u;
-  __nv_bfloat162 y = __hsub2(bits_bf16x2(x), bits_bf16x2(0x43004300u));
-  const uint32_t sign = (w << (12 - 4 * P)) & 0x80008000u;
-  const uint32_t ys = bf16x2_bits(y) ^ sign;
-  return bf16x2_bits(__hmul2(bits_bf16x2(ys), bits_bf16x2(scale2)));
+__device__ __forceinline__ uint32_t e2m1_pair_bits(uint32_t w, uint32_t scales) {
+  constexpr int kMag = 6 - 4 * P;   // nibble bits 0-2 -> bf16 bits 6-8 (and 22-24)
+  constexpr int kSgn = 12 - 4 * P;  // nibble bit 3 -> bf16 bit 15 (and 31)
+  const uint32_t mag = (kMag >= 0 ? (w << kMag) : (w >> -kMag)) & 0x01C001C0u;
+  const uint32_t sgn = (w << kSgn) & 0x80008000u;
+  const __nv_bfloat162 sc = bits_bf16x2(scales);
+  const __nv_bfloat162 y = __hmul2(bits_bf16x2(mag | sgn), __low2bfloat162(sc));
+  return bf16x2_bits(__hmul2(y, __high2bfloat162(sc)));
 }
 
-// Table bytes for the 8 codes of `w`: lo = codes 0..3, hi = codes 4..7.
-__device__ __forceinline__ void e2m1_lookup8(uint32_t w, uint32_t& lo, uint32_t& hi) {
-  const uint32_t m = w & 0x77777777u;
-  lo = prmt(kE2m1TwiceLo, kE2m1TwiceHi, m);
-  hi = prmt(kE2m1TwiceLo, kE2m1TwiceHi, m >> 16);
-}
-
-// bf16 bits of 2^(E-128), the per-block multiplier applied to twice-magnitudes.
-__device__ __forceinline__ uint32_t e8m0_to_half_scale_bf16(uint32_t e) {
-  if (e == 0xFFu) return 0x7FC0u;     // NaN block
-  if (e >= 2u) return (e - 1u) << 7;  // normal bf16
-  return e == 1u ? 0x0040u : 0x0020u; // 2^-127, 2^-128: bf16 subnormals
+// The two bf16 factors of 2^(E-1) for e2m1_pair_bits (low half: 2^floor((E-1)/2),
+// high half: the rest); E = 0xFF (NaN block) gives NaN.
+__device__ __forceinline__ uint32_t e8m0_to_bf16_scale_pair(uint32_t e) {
+  if (e == 0xFFu) return 0x7FC07FC0u;
+  const int t = static_cast<int>(e) - 1;  // -1..253
+  const int e1 = t >> 1, e2 = t - e1;     // floor, then the rest: both in [-1, 127]
+  return (static_cast<uint32_t>(e1 + 127) << 7) | (static_cast<uint32_t>(e2 + 127) << 23);
 }
 
 }  // namespace cuda
