@@ -162,6 +162,9 @@ def build_extension():
         print(f"mla_decode: building CPU + CUDA operators for TORCH_CUDA_ARCH_LIST={archs}")
         nvcc_flags = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-DMLA_DECODE_WITH_CUDA",
                       "-Xptxas=-warn-spills", "--use_fast_math"]
+        if "9.0a" in re.split(r"[;\s,]+", archs.strip()):
+            # The Hopper fp8 kernel (wgmma) exists only in sm_90a machine code.
+            nvcc_flags.append("-DMLA_DECODE_SM90A")
         if debug:
             nvcc_flags = ["-O0", "-g", "-lineinfo", "-std=c++17", "-DMLA_DECODE_WITH_CUDA"]
         cxx = cxx_flags + ["-DMLA_DECODE_WITH_CUDA"]

@@ -9,7 +9,7 @@ if [ ! -x "$NVCC" ]; then
   echo "check_cuda_compile: nvcc not found (set NVCC=/path/to/nvcc); CUDA compile check NOT run"
   exit "${MLA_DECODE_REQUIRE_NVCC:-0}"
 fi
-ARCH=${ARCH:-"-gencode=arch=compute_90a,code=sm_90a"}
+ARCH=${ARCH:-"-gencode=arch=compute_90a,code=sm_90a -DMLA_DECODE_SM90A"}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 status=0

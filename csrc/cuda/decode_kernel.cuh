@@ -45,6 +45,7 @@
 #include "../mla_decode/addressing.h"
 #include "../mla_decode/params.h"
 #include "decode_common.h"
+#include "decode_work.cuh"
 #include "ptx_sm80.cuh"
 
 namespace mla_decode {
@@ -111,8 +112,6 @@ struct SmemLayout {
   static constexpr int kStatBytes = 3 * kTileRows * 4;  // alpha, m, l per row
   static constexpr int kTotal = kStatOffset + kStatBytes;
 };
-
-__device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 // The 3 bits of x (0..7) reversed: the QK column -> token order (see the QK loop).
 __device__ __forceinline__ int brev3(int x) { return ((x & 1) << 2) | (x & 2) | (x >> 2); }
@@ -245,35 +244,10 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
   const int tg = warp / kDimGroups;  // QK token group
 
   // ---- which query token, heads and KV range ------------------------------
-  const int t = blockIdx.x / args.head_groups;
-  const int h0 = (blockIdx.x % args.head_groups) * kTileRows;
-  const int split = blockIdx.y;
-  // Item b owns token t when qo_indptr[b] <= t < qo_indptr[b+1]. Guess b from
-  // an even split of the queries (exact for the usual uniform q_len) and load
-  // the guess's query and KV bounds in one round trip; fall back to a binary
-  // search when the guess is wrong.
-  const int b_guess = args.q_per_item > 0 ? min(t / args.q_per_item, p.batch - 1) : 0;
-  int q_begin = __ldg(p.qo_indptr + b_guess);
-  int q_end = __ldg(p.qo_indptr + b_guess + 1);
-  const int kv_len_guess = kv_length(p, b_guess);
-  int b = b_guess;
-  if (t < q_begin || t >= q_end) {
-    int lo = 0, hi = p.batch - 1;  // largest b with qo_indptr[b] <= t
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (__ldg(p.qo_indptr + mid) <= t) lo = mid; else hi = mid - 1;
-    }
-    b = lo;
-    q_begin = __ldg(p.qo_indptr + b);
-    q_end = __ldg(p.qo_indptr + b + 1);
-  }
-  // A token that no item owns (inconsistent qo_indptr) produces NaN, not garbage.
-  const bool orphan = t < q_begin || t >= q_end;
-  const int kv_len = orphan ? 0 : (b == b_guess ? kv_len_guess : kv_length(p, b));
-  const int visible = orphan ? 0 : visible_keys(kv_len, q_end - q_begin, t - q_begin);
-  const int chunk = ceil_div(ceil_div(visible, args.num_splits), kBlockN) * kBlockN;
-  const int kv_begin = min(split * chunk, visible);
-  const int kv_end = min(kv_begin + chunk, visible);
+  const WorkItem work = locate_work<kBlockN>(args);
+  const int t = work.t, h0 = work.h0, split = work.split, b = work.b;
+  const bool orphan = work.orphan;
+  const int kv_begin = work.kv_begin, kv_end = work.kv_end;
   const int n_tiles = ceil_div(kv_end - kv_begin, kBlockN);
 
   float scale_log2 = p.sm_scale * 1.4426950408889634f;  // log2(e)
@@ -784,6 +758,10 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
 // decode_<format>.cu so the formats compile in parallel.
 template <KvFormat F>
 cudaError_t launch_split_kernel(const DecodeLaunch& args, cudaStream_t stream) {
+  if constexpr (F == KvFormat::kFp8E4M3FN) {
+    // Hopper: both products on the fp8 tensor cores (decode_kernel_sm90.cuh).
+    if (fp8_uses_wgmma(args.p)) return launch_fp8_wgmma(args, stream);
+  }
   constexpr int kSmem = SmemLayout<F>::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
   // The dynamic shared-memory opt-in is per device; remember which devices have it.

@@ -137,7 +137,12 @@ SplitPlan plan_splits(const MlaDecodeParams& p, int num_sms, int requested_split
   }
   const int64_t slots = static_cast<int64_t>(num_sms) * 2;  // two CTAs per SM fit in shared memory
   int64_t splits = (slots + tiles / 2) / tiles;              // round to the nearest whole wave
-  splits = std::min<int64_t>(splits, std::max<int64_t>(1, est_len / kBlockN));
+#if MLA_PLATFORM_HIP
+  const int tile_tokens = kBlockN;
+#else
+  const int tile_tokens = fp8_uses_wgmma(p) ? kBlockNWgmma : kBlockN;
+#endif
+  splits = std::min<int64_t>(splits, std::max<int64_t>(1, est_len / tile_tokens));
   // At most kMaxPlannedSplits (decode_common.h). NVIDIA, 32: beyond that the
   // combine (one row per block, reading every split's 2 KB partial) costs
   // more than the extra CTAs save. Measured on the H200

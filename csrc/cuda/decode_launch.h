@@ -19,7 +19,8 @@ struct SplitPlan {
 };
 
 // Chooses the split count from shapes only (no device reads): enough CTAs to
-// fill `num_sms`, at least one 32-token tile per split.
+// fill `num_sms`, at least one pipeline stage of keys (32 tokens, 64 for the
+// Hopper fp8 kernel) per split.
 SplitPlan plan_splits(const MlaDecodeParams& p, int num_sms, int requested_splits);
 
 // Bytes of fp32 workspace the plan needs (0 when num_splits == 1):

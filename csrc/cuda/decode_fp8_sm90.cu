@@ -1,0 +1,79 @@
+// The Hopper (sm_90a) fp8 decode kernel's launcher, and the test of whether a
+// call takes it. NVIDIA only: on a ROCm build this translation unit is empty.
+#include "../mla_decode/portability.h"
+#if !MLA_PLATFORM_HIP
+
+#include <cstdlib>
+#include <cstring>
+
+#include "decode_kernel_sm90.cuh"
+
+namespace mla_decode {
+namespace cuda {
+
+namespace {
+
+// Compute capability of `dev` as 10 * major + minor, cached per device
+// (0: unknown or the query failed).
+int device_cc(int dev) {
+  static int cc[64] = {0};
+  if (dev < 0 || dev >= 64) return 0;
+  if (cc[dev] == 0) {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+      return 0;
+    }
+    cc[dev] = 10 * major + minor;
+  }
+  return cc[dev];
+}
+
+// MLA_DECODE_FP8_KERNEL=mma forces the mma.sync kernel (for A/B measurements
+// and as an escape hatch); read once per process.
+bool wgmma_disabled_by_env() {
+  static const bool disabled = [] {
+    const char* v = std::getenv("MLA_DECODE_FP8_KERNEL");
+    return v != nullptr && std::strcmp(v, "mma") == 0;
+  }();
+  return disabled;
+}
+
+}  // namespace
+
+bool fp8_uses_wgmma(const MlaDecodeParams& p) {
+#if defined(MLA_DECODE_SM90A)
+  if (p.format != KvFormat::kFp8E4M3FN || wgmma_disabled_by_env()) return false;
+  // Bulk copies need 16-byte aligned rows.
+  if (reinterpret_cast<uintptr_t>(p.kv) % 16 != 0 || p.kv_row_stride_bytes % 16 != 0) return false;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  // sm_90a machine code runs on compute capability 9.0 only.
+  return device_cc(dev) == 90;
+#else
+  (void)p;
+  return false;  // built without an sm_90a target (TORCH_CUDA_ARCH_LIST lacks 9.0a)
+#endif
+}
+
+cudaError_t launch_fp8_wgmma(const DecodeLaunch& args, cudaStream_t stream) {
+  constexpr int kSmem = sm90::Smem::kTotal;
+  static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
+  static unsigned long long configured_devices = 0;
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev < 64 && !(__atomic_load_n(&configured_devices, __ATOMIC_ACQUIRE) & (1ull << dev))) {
+    err = cudaFuncSetAttribute(sm90::decode_fp8_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (err != cudaSuccess) return err;
+    __atomic_fetch_or(&configured_devices, 1ull << dev, __ATOMIC_ACQ_REL);
+  }
+  const dim3 grid(static_cast<unsigned>(args.p.total_q) * args.head_groups, args.num_splits);
+  sm90::decode_fp8_wgmma_kernel<<<grid, sm90::kThreads, kSmem, stream>>>(args);
+  return cudaGetLastError();
+}
+
+}  // namespace cuda
+}  // namespace mla_decode
+
+#endif  // !MLA_PLATFORM_HIP

@@ -1,0 +1,66 @@
+// Which rows and keys one CTA of an NVIDIA split kernel works on, shared by
+// the mma.sync kernel (decode_kernel.cuh) and the wgmma kernel
+// (decode_kernel_sm90.cuh). Grid: x = query token t * head_groups + head
+// group, y = KV split (decode_common.h states the contract).
+#pragma once
+
+#include "../mla_decode/addressing.h"
+#include "../mla_decode/params.h"
+#include "decode_common.h"
+
+namespace mla_decode {
+namespace cuda {
+
+__device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+struct WorkItem {
+  int t;         // query token
+  int h0;        // first head of the group (kTileRows heads)
+  int split;     // KV split index
+  int b;         // batch item owning token t
+  bool orphan;   // no item owns t (inconsistent qo_indptr): the rows become NaN
+  int kv_begin;  // this split's visible keys: [kv_begin, kv_end)
+  int kv_end;
+};
+
+// kChunkAlign: the split chunk is rounded up to a multiple of it (the kernel's
+// tokens per pipeline stage), so only a split's last stage is partial.
+template <int kChunkAlign>
+__device__ __forceinline__ WorkItem locate_work(const DecodeLaunch& args) {
+  const MlaDecodeParams& p = args.p;
+  WorkItem w;
+  w.t = blockIdx.x / args.head_groups;
+  w.h0 = (blockIdx.x % args.head_groups) * kTileRows;
+  w.split = blockIdx.y;
+  // Item b owns token t when qo_indptr[b] <= t < qo_indptr[b+1]. Guess b from
+  // an even split of the queries (exact for the usual uniform q_len) and load
+  // the guess's query and KV bounds in one round trip; fall back to a binary
+  // search when the guess is wrong.
+  const int t = w.t;
+  const int b_guess = args.q_per_item > 0 ? min(t / args.q_per_item, p.batch - 1) : 0;
+  int q_begin = __ldg(p.qo_indptr + b_guess);
+  int q_end = __ldg(p.qo_indptr + b_guess + 1);
+  const int kv_len_guess = kv_length(p, b_guess);
+  int b = b_guess;
+  if (t < q_begin || t >= q_end) {
+    int lo = 0, hi = p.batch - 1;  // largest b with qo_indptr[b] <= t
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (__ldg(p.qo_indptr + mid) <= t) lo = mid; else hi = mid - 1;
+    }
+    b = lo;
+    q_begin = __ldg(p.qo_indptr + b);
+    q_end = __ldg(p.qo_indptr + b + 1);
+  }
+  w.b = b;
+  w.orphan = t < q_begin || t >= q_end;
+  const int kv_len = w.orphan ? 0 : (b == b_guess ? kv_len_guess : kv_length(p, b));
+  const int visible = w.orphan ? 0 : visible_keys(kv_len, q_end - q_begin, t - q_begin);
+  const int chunk = ceil_div(ceil_div(visible, args.num_splits), kChunkAlign) * kChunkAlign;
+  w.kv_begin = min(w.split * chunk, visible);
+  w.kv_end = min(w.kv_begin + chunk, visible);
+  return w;
+}
+
+}  // namespace cuda
+}  // namespace mla_decode

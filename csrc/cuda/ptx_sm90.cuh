@@ -1,0 +1,157 @@
+// Thin wrappers over the Hopper (sm_90a) instructions of the wgmma decode
+// kernel (decode_kernel_sm90.cuh): warpgroup MMA on e4m3 with the A operand
+// in registers and B in shared memory, the shared-memory matrix descriptor,
+// mbarriers, and bulk global -> shared copies that complete on an mbarrier.
+//
+// Only compiled into device code for sm_90a (MLA_SM90A_DEVICE below); other
+// device passes see declarations with empty bodies that are never launched
+// (the launcher checks the device and the build, see decode_kernel_sm90.cuh).
+#pragma once
+
+#include <stdint.h>
+
+#include "../mla_decode/portability.h"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MLA_SM90A_DEVICE 1
+#else
+#define MLA_SM90A_DEVICE 0
+#endif
+
+namespace mla_decode {
+namespace cuda {
+namespace sm90 {
+
+// ---------------------------------------------------------------------------
+// Shared-memory matrix descriptor (PTX ISA, "matrix descriptor" of wgmma), for
+// the no-swizzle ("interleaved") canonical layout only: the operand is a grid
+// of core matrices, each 8 rows (M or N) x 16 bytes (K) stored as 128
+// contiguous bytes; `lbo` is the byte distance between core matrices adjacent
+// in K, `sbo` between core matrices adjacent in M/N. Bits: 0-13 start address
+// >> 4, 16-29 lbo >> 4, 32-45 sbo >> 4, 62-63 swizzle mode (0: none).
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ uint64_t smem_desc_noswizzle(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((smem_addr >> 4) & 0x3FFFu) |
+         (static_cast<uint64_t>((lbo >> 4) & 0x3FFFu) << 16) |
+         (static_cast<uint64_t>((sbo >> 4) & 0x3FFFu) << 32);
+}
+
+// ---------------------------------------------------------------------------
+// wgmma. Issued by all 128 threads of a warpgroup. A fragment (8-bit types,
+// m64 x k32; warp w of the group supplies rows 16w..16w+15; g = lane / 4,
+// c = lane % 4; byte i of a register is k + i):
+//   a0 = (row g,   k 4c..4c+3)     a1 = (row g+8, k 4c..4c+3)
+//   a2 = (row g,   k 16+4c..+3)    a3 = (row g+8, k 16+4c..+3)
+// Accumulator (m64 x nN fp32, N/2 registers): d[4i + 2r + e] = (row 16w + g + 8r,
+// column 8i + 2c + e).
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ void wgmma_fence() {
+#if MLA_SM90A_DEVICE
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if MLA_SM90A_DEVICE
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#if MLA_SM90A_DEVICE
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// d (64 x 48) (+)= A (64 x 32, registers) * B (32 x 48, shared, K-major).
+// kAccumulate false: d = A * B (the old d is ignored).
+template <bool kAccumulate>
+__device__ __forceinline__ void wgmma_m64n48k32_e4m3_rs(float (&d)[24], const uint32_t (&a)[4], uint64_t desc_b) {
+#if MLA_SM90A_DEVICE
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %29, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n48k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
+      "%23}, {%24, %25, %26, %27}, %28, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
+#endif
+}
+
+// d (64 x 16) += A (64 x 32, registers) * B (32 x 16, shared, K-major).
+__device__ __forceinline__ void wgmma_m64n16k32_e4m3_rs(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b) {
+#if MLA_SM90A_DEVICE
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, 1, 1, 1;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+#endif
+}
+
+// Four 8x8 b16 matrices (not transposed): lane l supplies the row address of
+// matrix l / 8, row l % 8; lane (g, c) receives row g, 16-bit column c of each.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// ---------------------------------------------------------------------------
+// Proxy fence: shared memory written by ordinary stores and read next by
+// wgmma (the async proxy) needs this in every writing thread before the
+// barrier that publishes it.
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ void fence_proxy_async_shared() {
+#if MLA_SM90A_DEVICE
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// ---------------------------------------------------------------------------
+// mbarrier (64-bit, in shared memory) and bulk copies completing on it.
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t arrivals) {
+#if MLA_SM90A_DEVICE
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals) : "memory");
+#endif
+}
+
+// One arrival that also expects `bytes` more bytes of transactions this phase
+// (release semantics: the caller's earlier shared-memory writes are visible to
+// threads that observe the phase complete).
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+#if MLA_SM90A_DEVICE
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+
+// Blocks until the phase with parity `parity` of `bar` has completed
+// (acquire semantics).
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
+#if MLA_SM90A_DEVICE
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+#endif
+}
+
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to
+// shared memory by the bulk copy engine; completes as a transaction on `bar`.
+__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+#if MLA_SM90A_DEVICE
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+#endif
+}
+
+}  // namespace sm90
+}  // namespace cuda
+}  // namespace mla_decode
