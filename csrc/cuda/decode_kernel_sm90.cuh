@@ -99,7 +99,11 @@ __device__ __forceinline__ float2 e4m3x2_to_f32x2(uint32_t codes) {
 __device__ __forceinline__ void pin(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 __device__ __forceinline__ void pin(uint32_t& x) { asm volatile("" : "+r"(x)::"memory"); }
 
+// kHiChains: how many fp32-summed chains the hi term of QK is split into
+// (3 or 6; see the QK step).
+template <int kHiChains>
 __global__ void __launch_bounds__(kThreads) decode_fp8_wgmma_kernel(const DecodeLaunch args) {
+  static_assert(kQKSteps % kHiChains == 0, "equal chains");
 #if MLA_SM90A_DEVICE
   extern __shared__ __align__(128) uint8_t smem[];
   const MlaDecodeParams& p = args.p;
@@ -281,7 +285,13 @@ __global__ void __launch_bounds__(kThreads) decode_fp8_wgmma_kernel(const Decode
     const uint32_t stage = kv_smem + slot * kStageBytes;
 
     // ---- 1. S^T = K Q^T ------------------------------------------------------
-    float sacc[24];
+    // The hi term's accumulation is split into kHiChains chains of
+    // kQKSteps / kHiChains k-steps, summed in fp32 (see the precision note in
+    // ptx_sm90.cuh); the mid and lo terms (scaled down by 16 and 256 in S) run
+    // as one chain. Chain 0 shares one N = 48 wgmma with them, the other hi
+    // chains are N = 16 wgmmas next to an N = 32 one for mid and lo.
+    constexpr int kChain = kQKSteps / kHiChains;
+    float acc_hi[kHiChains][8], acc_ml[16];
     {
       uint32_t ka[kQKSteps][4];
 #pragma unroll
@@ -289,11 +299,20 @@ __global__ void __launch_bounds__(kThreads) decode_fp8_wgmma_kernel(const Decode
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < kQKSteps; ++ks) {
-        const uint64_t desc = smem_desc_noswizzle(q_smem + ks * 2 * kCoreBytes, kCoreBytes, kQSbo);
+        const uint32_t b = q_smem + ks * 2 * kCoreBytes;  // dims 32 ks .. 32 ks + 31, columns 0..
         if (ks == 0) {
-          wgmma_m64n48k32_e4m3_rs<false>(sacc, ka[ks], desc);
+          wgmma_m64n48k32_e4m3_rs<false>(acc_hi[0], acc_ml, ka[ks], smem_desc_noswizzle(b, kCoreBytes, kQSbo));
+        } else if (ks < kChain) {
+          wgmma_m64n48k32_e4m3_rs<true>(acc_hi[0], acc_ml, ka[ks], smem_desc_noswizzle(b, kCoreBytes, kQSbo));
         } else {
-          wgmma_m64n48k32_e4m3_rs<true>(sacc, ka[ks], desc);
+          const uint64_t desc_hi = smem_desc_noswizzle(b, kCoreBytes, kQSbo);
+          const uint64_t desc_ml = smem_desc_noswizzle(b + 2 * kQSbo, kCoreBytes, kQSbo);  // columns 16..47
+          if (ks % kChain == 0) {
+            wgmma_m64n16k32_e4m3_rs<false>(acc_hi[ks / kChain], ka[ks], desc_hi);
+          } else {
+            wgmma_m64n16k32_e4m3_rs<true>(acc_hi[ks / kChain], ka[ks], desc_hi);
+          }
+          wgmma_m64n32k32_e4m3_rs<true>(acc_ml, ka[ks], desc_ml);
         }
       }
       wgmma_commit();
@@ -304,7 +323,12 @@ __global__ void __launch_bounds__(kThreads) decode_fp8_wgmma_kernel(const Decode
         for (int r = 0; r < 4; ++r) pin(ka[ks][r]);
       }
 #pragma unroll
-      for (int i = 0; i < 24; ++i) pin(sacc[i]);
+      for (int i = 0; i < 16; ++i) pin(acc_ml[i]);
+#pragma unroll
+      for (int ch = 0; ch < kHiChains; ++ch) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) pin(acc_hi[ch][i]);
+      }
     }
 
     // ---- V^T fragments for PV (A operand, registers) --------------------------
@@ -331,8 +355,8 @@ __global__ void __launch_bounds__(kThreads) decode_fp8_wgmma_kernel(const Decode
 
     // ---- 2. online softmax (log2 domain), per head over the tile's tokens ------
     // This thread's scores: tokens 16w + g (r = 0) and 16w + g + 8 (r = 1) of
-    // the stage, heads head_of[j]; accumulator index 4i + 2r + e for j = 2i + e,
-    // plus 8 (mid term) and 16 (lo term).
+    // the stage, heads head_of[j]; accumulator index idx = 4i + 2r + e for
+    // j = 2i + e in acc_hi, idx (mid term) and 8 + idx (lo term) in acc_ml.
     float s[4][2];
     {
       const int row0 = 16 * warp + g;
@@ -342,7 +366,10 @@ __global__ void __launch_bounds__(kThreads) decode_fp8_wgmma_kernel(const Decode
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int idx = 4 * (j >> 1) + 2 * r + (j & 1);
-          float v = (sacc[idx] + sacc[8 + idx] * 0.0625f + sacc[16 + idx] * 0.00390625f) * qs[j];
+          float hi = acc_hi[0][idx];
+#pragma unroll
+          for (int ch = 1; ch < kHiChains; ++ch) hi += acc_hi[ch][idx];
+          float v = (hi + acc_ml[idx] * 0.0625f + acc_ml[8 + idx] * 0.00390625f) * qs[j];
           const int row = row0 + 8 * r;
           if (pos0 + 8 * r >= kv_end) {
             v = -CUDART_INF_F;
@@ -397,36 +424,41 @@ __global__ void __launch_bounds__(kThreads) decode_fp8_wgmma_kernel(const Decode
                    : "memory");
     }
     fence_proxy_async_shared();
-    // Once the running max settles alpha is 1 for every head: skip the rescale.
-    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f || alpha[2] != 1.f || alpha[3] != 1.f)) {
+    __syncthreads();  // (B) P visible to the tensor cores
+
+    // ---- 3. O^T = alpha O^T + V^T P^T ----------------------------------------------
+    // Each tile's product starts from zero (4 chained k-steps: P_hi tokens 0-31,
+    // 32-63, then P_lo) and is added to the fp32 O here, never chained across
+    // tiles inside the tensor cores (see the precision note in ptx_sm90.cuh).
+    {
+      float pv[kVBlocks][8];
+      wgmma_fence();
 #pragma unroll
       for (int mb = 0; mb < kVBlocks; ++mb) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) o[mb][i] *= alpha[2 * (i >> 2) + (i & 1)];
+        for (int ks = 0; ks < 4; ++ks) {
+          const uint64_t desc = smem_desc_noswizzle(p_smem + ks * 2 * kCoreBytes, kCoreBytes, kPSbo);
+          if (ks == 0) {
+            wgmma_m64n16k32_e4m3_rs<false>(pv[mb], va[mb][0], desc);
+          } else {
+            wgmma_m64n16k32_e4m3_rs<true>(pv[mb], va[mb][ks & 1], desc);
+          }
+        }
       }
-    }
-    __syncthreads();  // (B) P visible to the tensor cores
-
-    // ---- 3. O^T += V^T P^T ------------------------------------------------------
-    wgmma_fence();
+      wgmma_commit();
+      wgmma_wait<0>();
 #pragma unroll
-    for (int mb = 0; mb < kVBlocks; ++mb) {
+      for (int mb = 0; mb < kVBlocks; ++mb) {
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {  // k-steps: P_hi tokens 0-31, 32-63, then P_lo
-        const uint64_t desc = smem_desc_noswizzle(p_smem + ks * 2 * kCoreBytes, kCoreBytes, kPSbo);
-        wgmma_m64n16k32_e4m3_rs(o[mb], va[mb][ks & 1], desc);
-      }
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
+        for (int h = 0; h < 2; ++h) {
 #pragma unroll
-    for (int mb = 0; mb < kVBlocks; ++mb) {
+          for (int r = 0; r < 4; ++r) pin(va[mb][h][r]);
+        }
 #pragma unroll
-      for (int i = 0; i < 8; ++i) pin(o[mb][i]);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) pin(va[mb][h][r]);
+        for (int i = 0; i < 8; ++i) {
+          pin(pv[mb][i]);
+          o[mb][i] = o[mb][i] * alpha[2 * (i >> 2) + (i & 1)] + pv[mb][i];
+        }
       }
     }
   }

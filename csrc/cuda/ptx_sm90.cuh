@@ -62,31 +62,55 @@ __device__ __forceinline__ void wgmma_wait() {
 #endif
 }
 
-// d (64 x 48) (+)= A (64 x 32, registers) * B (32 x 48, shared, K-major).
-// kAccumulate false: d = A * B (the old d is ignored).
+// Precision note: the e4m3 tensor cores add into the fp32 accumulator with
+// only ~14 significant bits (the DeepSeek-V3 report measured this on H800;
+// the same holds here, docs/kernel-design.md), so every chained wgmma adds a
+// truncation error relative to the accumulator's magnitude. Callers keep the
+// chains short and sum them in fp32.
+//
+// d (64 x 48) (+)= A (64 x 32, registers) * B (32 x 48, shared, K-major), the
+// accumulator given as columns 0-15 (d0) and 16-47 (d1). kAccumulate false:
+// d = A * B (the old d is ignored).
 template <bool kAccumulate>
-__device__ __forceinline__ void wgmma_m64n48k32_e4m3_rs(float (&d)[24], const uint32_t (&a)[4], uint64_t desc_b) {
+__device__ __forceinline__ void wgmma_m64n48k32_e4m3_rs(float (&d0)[8], float (&d1)[16], const uint32_t (&a)[4],
+                                                        uint64_t desc_b) {
 #if MLA_SM90A_DEVICE
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %29, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n48k32.f32.e4m3.e4m3 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
       "%23}, {%24, %25, %26, %27}, %28, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+      : "+f"(d0[0]), "+f"(d0[1]), "+f"(d0[2]), "+f"(d0[3]), "+f"(d0[4]), "+f"(d0[5]), "+f"(d0[6]), "+f"(d0[7]),
+        "+f"(d1[0]), "+f"(d1[1]), "+f"(d1[2]), "+f"(d1[3]), "+f"(d1[4]), "+f"(d1[5]), "+f"(d1[6]), "+f"(d1[7]),
+        "+f"(d1[8]), "+f"(d1[9]), "+f"(d1[10]), "+f"(d1[11]), "+f"(d1[12]), "+f"(d1[13]), "+f"(d1[14]), "+f"(d1[15])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
 #endif
 }
 
-// d (64 x 16) += A (64 x 32, registers) * B (32 x 16, shared, K-major).
+// d (64 x 32) (+)= A (64 x 32, registers) * B (32 x 32, shared, K-major).
+template <bool kAccumulate>
+__device__ __forceinline__ void wgmma_m64n32k32_e4m3_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b) {
+#if MLA_SM90A_DEVICE
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
+#endif
+}
+
+// d (64 x 16) (+)= A (64 x 32, registers) * B (32 x 16, shared, K-major).
+template <bool kAccumulate>
 __device__ __forceinline__ void wgmma_m64n16k32_e4m3_rs(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b) {
 #if MLA_SM90A_DEVICE
   asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, 1, 1, 1;\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
 #endif
 }
 
