@@ -15,7 +15,7 @@ import mla_decode  # noqa: E402,F401
 from cases import make_case  # noqa: E402
 
 dev = torch.device("cuda")
-for name, lengths, heads in (("one key x 512 rows", [1] * 512, 16), ("one key, H=128", [1] * 64, 128),
+for name, lengths, heads in (("one key x 2048 rows", [1] * 2048, 16), ("one key, H=128", [1] * 64, 128),
                              ("long rows", [8192, 3000, 64], 16)):
     case = make_case("fp8", "indptr", heads, 1, lengths, seed=3, device=dev)
     for splits in (1, 0):

@@ -56,8 +56,7 @@ bool fp8_uses_wgmma(const MlaDecodeParams& p) {
 #endif
 }
 
-template <int kHiChains>
-cudaError_t launch_variant(const DecodeLaunch& args, cudaStream_t stream) {
+cudaError_t launch_fp8_wgmma(const DecodeLaunch& args, cudaStream_t stream) {
   constexpr int kSmem = sm90::Smem::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
   static unsigned long long configured_devices = 0;
@@ -65,28 +64,13 @@ cudaError_t launch_variant(const DecodeLaunch& args, cudaStream_t stream) {
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
   if (dev < 64 && !(__atomic_load_n(&configured_devices, __ATOMIC_ACQUIRE) & (1ull << dev))) {
-    err = cudaFuncSetAttribute(sm90::decode_fp8_wgmma_kernel<kHiChains>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               kSmem);
+    err = cudaFuncSetAttribute(sm90::decode_fp8_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (err != cudaSuccess) return err;
     __atomic_fetch_or(&configured_devices, 1ull << dev, __ATOMIC_ACQ_REL);
   }
   const dim3 grid(static_cast<unsigned>(args.p.total_q) * args.head_groups, args.num_splits);
-  sm90::decode_fp8_wgmma_kernel<kHiChains><<<grid, sm90::kThreads, kSmem, stream>>>(args);
+  sm90::decode_fp8_wgmma_kernel<<<grid, sm90::kThreads, kSmem, stream>>>(args);
   return cudaGetLastError();
-}
-
-// Experiment switch (to be removed once measured): MLA_DECODE_WGMMA_HI_CHAINS=6.
-int hi_chains_requested() {
-  static const int value = [] {
-    const char* v = std::getenv("MLA_DECODE_WGMMA_HI_CHAINS");
-    return (v != nullptr && std::strcmp(v, "6") == 0) ? 6 : 3;
-  }();
-  return value;
-}
-
-cudaError_t launch_fp8_wgmma(const DecodeLaunch& args, cudaStream_t stream) {
-  if (hi_chains_requested() == 6) return launch_variant<6>(args, stream);
-  return launch_variant<3>(args, stream);
 }
 
 }  // namespace cuda

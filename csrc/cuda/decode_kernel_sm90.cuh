@@ -5,33 +5,34 @@
 // Grid and outputs: as every split kernel (decode_common.h): x = query token *
 // head_groups + group of 16 heads, y = KV split; one split writes bf16 out and
 // lse, several write fp32 partials for combine_kernel.
-// Block: 128 threads = one warpgroup; warp w, lane = 4g + c.
+// Block: 256 threads = two warpgroups (wg 0, 1); warp w of a group, lane 4g + c.
+// One CTA per SM (shared memory); each warpgroup owns half of the value dims.
 //
-// Per 64-token stage (kStages-deep ring of raw cache rows in shared memory,
-// 576 bytes + 16 of padding per row, filled by bulk copies that complete on
-// one mbarrier per stage):
-//   1. S^T = K Q^T with tokens as M: wgmma.m64n48k32.e4m3, A = the K rows
-//      straight from shared memory into registers (ldmatrix, no conversion;
-//      warp w holds tokens 16w..16w+15), B = Q^T in shared memory as three
-//      e4m3 terms per head (q * 2^e_h = hi + mid / 16 + lo / 256, exact to
-//      ~2^-12 relative), 18 k-steps over the 576 dims. Each thread gets the
-//      scores of 2 tokens x 4 heads and adds the three terms in fp32.
-//   2. Online softmax over tokens, per head: the tile max crosses the 4 warps
-//      through shared memory (barrier A). P (scaled by 256) is written as two
-//      e4m3 terms, hi + lo, to shared memory, in the layout PV's B operand needs
-//      (barrier B).
+// Per 64-token stage (kStages-deep cp.async ring of raw cache rows). A stage
+// is stored chunk-major: the 16-byte chunk kc (dims 16kc..16kc+15) of token n
+// sits at kc * 1024 + n * 16, which is at once the canonical no-swizzle K-major
+// layout of wgmma (core matrices of 8 tokens x 16 bytes) and conflict-free for
+// ldmatrix (8 consecutive tokens of one chunk are 128 contiguous bytes).
+//   1. S^T = K Q^T with tokens as M (both warpgroups, the same product):
+//      wgmma.m64nNk32.e4m3 with A = the stage and B = Q^T, both in shared
+//      memory. Q is stored as three e4m3 terms per head (q * 2^e_h = hi +
+//      mid / 16 + lo / 256, ~2^-12 relative), so B has 48 columns. Warp w
+//      gets the scores of tokens 16w..16w+15; a thread, 2 tokens x 4 heads.
+//   2. Online softmax over tokens, per head, inside the warpgroup: the tile
+//      max crosses its 4 warps through shared memory (named barrier). P
+//      (scaled by 256) goes to shared memory as two e4m3 terms, hi + lo, laid
+//      out as PV's B operand (named barrier).
 //   3. O^T = V^T P^T with value dims as M: wgmma.m64n16k32.e4m3, A = V^T in
-//      registers (ldmatrix.trans of the same raw rows plus one prmt per
-//      register), B = [P_hi; P_lo] stacked along K, so the two P terms reuse the
-//      same V registers and add in the accumulator: 8 blocks of 64 dims x 4
-//      k-steps. Each thread accumulates 8 x 8 fp32 (dims 2g, 2g+1 of each
-//      warp's 16-dim slice of a block; heads 2c, 2c+1, 8+2c, 9+2c).
-// Per stage: two CTA barriers (A, B) and one mbarrier wait; the next stage
-// into a slot is issued right after barrier A, when every warp has read it.
+//      registers (ldmatrix.trans of the stage plus one prmt per register), B =
+//      [P_hi; P_lo] stacked along K, so both P terms reuse the same V
+//      registers: the warpgroup's 4 blocks of 64 dims x 4 k-steps.
+// One CTA barrier per stage (the stage landed; the slot of the previous stage
+// is free) and two named barriers per warpgroup.
 //
-// Precision: K and V enter the tensor cores exactly (raw e4m3); Q carries
-// ~2^-12 relative error per element, P ~2^-8 (two e4m3 terms; the softmax
-// sum l uses the fp32 P); fp32 accumulation.
+// Precision: K and V enter the tensor cores exactly (raw e4m3). The e4m3
+// tensor cores add into their fp32 accumulator with ~14 significant bits, so
+// chains are kept short and summed in fp32: QK's hi term runs as kHiChains
+// chains, each tile's PV starts from zero and is added to O in fp32.
 #pragma once
 
 #include <cuda_fp8.h>
@@ -48,15 +49,16 @@ namespace mla_decode {
 namespace cuda {
 namespace sm90 {
 
-constexpr int kThreads = 128;          // one warpgroup
-constexpr int kTileTokens = 64;        // tokens per stage: the M of the QK wgmma
-constexpr int kStages = 2;             // two CTAs per SM fit (106 KB each)
-constexpr int kRowBytes = kHeadDimQK;  // 576 e4m3 codes per cache row
-constexpr int kRowSmem = kRowBytes + 16;  // padding: 8 rows x 16 bytes hit 32 distinct banks
-constexpr int kStageBytes = kTileTokens * kRowSmem;
+constexpr int kThreads = 256;             // two warpgroups
+constexpr int kTileTokens = kBlockNWgmma;  // 64 tokens per stage: the M of the QK wgmma
+constexpr int kStages = 4;
+constexpr int kRowBytes = kHeadDimQK;     // 576 e4m3 codes per cache row
+constexpr int kRowChunks = kRowBytes / 16;            // 36
+constexpr int kChunkStride = kTileTokens * 16;        // 1024: bytes between chunk columns
+constexpr int kStageBytes = kRowChunks * kChunkStride;  // 36864
 constexpr int kQTerms = 3;
-constexpr int kQCols = kQTerms * kTileRows;   // 48: B columns of the QK wgmma (term-major)
-constexpr int kQKSteps = kHeadDimQK / 32;     // 18
+constexpr int kQCols = kQTerms * kTileRows;  // 48: B columns of the QK wgmma (term-major)
+constexpr int kQKSteps = kHeadDimQK / 32;    // 18
 // B operands in the no-swizzle K-major layout: core matrices of 8 columns x 16
 // bytes of K (128 contiguous bytes), K-adjacent core matrices 128 bytes apart
 // (LBO), column groups of 8 a whole K extent apart (SBO).
@@ -65,22 +67,21 @@ constexpr int kQSbo = kCoreBytes * (kHeadDimQK / 16);  // 4608
 constexpr int kQBytes = (kQCols / 8) * kQSbo;          // 27648
 constexpr int kPK = 2 * kTileTokens;                   // P_hi tokens, then P_lo tokens
 constexpr int kPSbo = kCoreBytes * (kPK / 16);         // 1024
-constexpr int kPBytes = (kTileRows / 8) * kPSbo;       // 2048
-constexpr int kVBlocks = kHeadDimV / 64;               // 8 blocks of 64 value dims (PV's M)
+constexpr int kPBytes = (kTileRows / 8) * kPSbo;       // 2048 per warpgroup
+constexpr int kVBlocksPerWg = kHeadDimV / 64 / 2;      // 4 blocks of 64 value dims (PV's M) each
 constexpr float kPScale = 256.f;                       // P * 256 <= 256 < 448 (e4m3 max)
 
 struct Smem {
   static constexpr int kKv = 0;
   static constexpr int kQ = kKv + kStages * kStageBytes;
-  static constexpr int kP = kQ + kQBytes;
-  static constexpr int kRed = kP + kPBytes;                    // [4 warps][16 heads] fp32
-  static constexpr int kQScale = kRed + 4 * kTileRows * 4;     // [16] fp32: 2^-e of each head
-  static constexpr int kFlags = kQScale + kTileRows * 4;       // [kStages][2] u32: bad-row masks
-  static constexpr int kBars = kFlags + kStages * 8;           // [kStages] u64 mbarriers
-  static constexpr int kTotal = kBars + kStages * 8;
+  static constexpr int kP = kQ + kQBytes;                       // [2 warpgroups]
+  static constexpr int kRed = kP + 2 * kPBytes;                 // [2 wg][4 warps][16 heads] fp32
+  static constexpr int kQScale = kRed + 2 * 4 * kTileRows * 4;  // [16] fp32: 2^-e of each head
+  static constexpr int kFlags = kQScale + kTileRows * 4;        // [kStages][2] u32: bad-row masks
+  static constexpr int kTotal = kFlags + kStages * 8;
 };
-static_assert(Smem::kQ % 128 == 0 && Smem::kP % 128 == 0, "wgmma B operands must be 128-byte aligned");
-static_assert(Smem::kBars % 8 == 0, "mbarriers are 8-byte aligned");
+static_assert(Smem::kQ % 128 == 0 && Smem::kP % 128 == 0 && kPBytes % 128 == 0,
+              "wgmma operands are 128-byte aligned");
 
 // Two floats to two e4m3 codes (round to nearest even, saturating to +-448;
 // NaN stays NaN), x in the low byte.
@@ -99,16 +100,25 @@ __device__ __forceinline__ float2 e4m3x2_to_f32x2(uint32_t codes) {
 __device__ __forceinline__ void pin(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 __device__ __forceinline__ void pin(uint32_t& x) { asm volatile("" : "+r"(x)::"memory"); }
 
-// kHiChains: how many fp32-summed chains the hi term of QK is split into
-// (3 or 6; see the QK step).
-template <int kHiChains>
-__global__ void __launch_bounds__(kThreads) decode_fp8_wgmma_kernel(const DecodeLaunch args) {
-  static_assert(kQKSteps % kHiChains == 0, "equal chains");
+// Barrier among the 128 threads of warpgroup `wg` (ids 1, 2; 0 is __syncthreads).
+__device__ __forceinline__ void warpgroup_barrier(int wg) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");
+}
+
+// How many fp32-summed chains the hi term of QK is split into. Measured on
+// the H200 (one-key rows, the score alone): max |lse error| 2.4e-3 with one
+// chain of 18 k-steps, 1.0e-3 with 3 chains, 5.6e-4 with 6 (the mma.sync
+// kernel: 5.5e-7); the tests allow 2e-3.
+constexpr int kHiChains = 6;
+static_assert(kQKSteps % kHiChains == 0, "equal chains");
+
+__global__ void __launch_bounds__(kThreads, 1) decode_fp8_wgmma_kernel(const DecodeLaunch args) {
 #if MLA_SM90A_DEVICE
   extern __shared__ __align__(128) uint8_t smem[];
   const MlaDecodeParams& p = args.p;
   const int tid = threadIdx.x;
-  const int warp = tid / 32;
+  const int wg = tid / 128;
+  const int warp = (tid / 32) % 4;  // within the warpgroup
   const int lane = tid % 32;
   const int g = lane >> 2;
   const int c = lane & 3;
@@ -116,9 +126,8 @@ __global__ void __launch_bounds__(kThreads) decode_fp8_wgmma_kernel(const Decode
   const uint32_t smem_base = smem_u32(smem);
   const uint32_t kv_smem = smem_base + Smem::kKv;
   const uint32_t q_smem = smem_base + Smem::kQ;
-  const uint32_t p_smem = smem_base + Smem::kP;
-  const uint32_t bars = smem_base + Smem::kBars;
-  float* red = reinterpret_cast<float*>(smem + Smem::kRed);
+  const uint32_t p_smem = smem_base + Smem::kP + wg * kPBytes;
+  float* red = reinterpret_cast<float*>(smem + Smem::kRed) + wg * 4 * kTileRows;
   float* q_scale = reinterpret_cast<float*>(smem + Smem::kQScale);
   uint32_t* flags = reinterpret_cast<uint32_t*>(smem + Smem::kFlags);
 
@@ -126,231 +135,211 @@ __global__ void __launch_bounds__(kThreads) decode_fp8_wgmma_kernel(const Decode
   const int kv_begin = work.kv_begin, kv_end = work.kv_end;
   const int n_tiles = ceil_div(kv_end - kv_begin, kTileTokens);
 
-  if (tid == 0) {
-    for (int s = 0; s < kStages; ++s) mbarrier_init(bars + 8 * s, kTileTokens);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
-
-  // ---- stage loader: thread tid < 64 owns token tid of every stage ---------
+  // ---- stage loader --------------------------------------------------------
+  // Thread tid copies token n = tid % 64, chunks kc = tid / 64 + 4m (m < 9):
+  // a warp writes 32 consecutive tokens of one chunk, 512 contiguous bytes.
+  // Rows past the split or with a bad index are zero-filled (src_bytes 0):
+  // PV multiplies every row by its P, so those rows must hold finite codes.
   const uint8_t* kv_base = static_cast<const uint8_t*>(p.kv);
   const bool contiguous = p.layout == KvLayout::kIndptr;
   const int64_t contiguous_base = (contiguous && !work.orphan) ? static_cast<int64_t>(__ldg(p.kv_indptr + work.b)) : 0;
+  const int ld_token = tid % kTileTokens, ld_chunk0 = tid / kTileTokens;
   auto issue_tile = [&](int tile_idx, int slot) {
-    if (tid >= kTileTokens) return;
-    const int j = kv_begin + tile_idx * kTileTokens + tid;
-    int64_t r = -2;  // past the split: zero row, masked
+    const int j = kv_begin + tile_idx * kTileTokens + ld_token;
+    int64_t r = -2;  // past the split
     if (j < kv_end) {
       r = contiguous ? contiguous_base + j : kv_row(p, work.b, j);
-      if (r < 0 || r >= p.num_cache_rows) r = -1;  // bad index: zero row, NaN score
+      if (r < 0 || r >= p.num_cache_rows) r = -1;  // bad index: NaN score
     }
-    const uint32_t bad = __ballot_sync(0xffffffffu, r == -1);
-    if (lane == 0) flags[2 * slot + warp] = bad;
-    const uint32_t bar = bars + 8 * slot;
-    const uint32_t dst = kv_smem + slot * kStageBytes + tid * kRowSmem;
-    if (r >= 0) {
-      mbarrier_arrive_expect_tx(bar, kRowBytes);
-      bulk_copy_g2s(dst, kv_base + r * p.kv_row_stride_bytes, kRowBytes, bar);
-    } else {
-      // PV multiplies every row by its P; a masked row's P is 0, so its codes
-      // only need to be finite (stale shared memory may hold NaN codes).
-      for (int k = 0; k < kRowBytes / 16; ++k) {
-        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst + 16 * k), "r"(0) : "memory");
-      }
-      fence_proxy_async_shared();  // before a later bulk copy rewrites the row
-      mbarrier_arrive_expect_tx(bar, 0);
+    if (tid < kTileTokens) {  // warps 0 and 1 hold every token once
+      const uint32_t bad = __ballot_sync(0xffffffffu, r == -1);
+      if (lane == 0) flags[2 * slot + tid / 32] = bad;
     }
+    const uint8_t* src = kv_base + (r >= 0 ? r : 0) * p.kv_row_stride_bytes + 16 * ld_chunk0;
+    const uint32_t dst = kv_smem + slot * kStageBytes + ld_chunk0 * kChunkStride + ld_token * 16;
+    const int src_bytes = r >= 0 ? 16 : 0;
+#pragma unroll
+    for (int m = 0; m < kRowChunks / 4; ++m) cp_async_16(dst + 4 * m * kChunkStride, src + 64 * m, src_bytes);
   };
 #pragma unroll
-  for (int s = 0; s < kStages; ++s) {
+  for (int s = 0; s < kStages - 1; ++s) {
     if (s < n_tiles) issue_tile(s, s);
+    cp_async_commit();
   }
   // Let the combine kernel (a programmatic dependent) start launching.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
   // ---- Q^T as three e4m3 terms per head (once per CTA) ---------------------
-  // Thread tid converts head tid / 8, dims [72 (tid % 8), +72): per head, q is
-  // scaled by 2^e so that max |q| lands in [128, 256); then hi = e4m3(q'),
-  // mid = e4m3(16 (q' - hi)), lo = e4m3(16 (16 (q' - hi) - mid)). Non-finite
-  // elements become a NaN code, so only their own head's rows turn NaN.
-  float scale_log2 = p.sm_scale * 1.4426950408889634f * __ldg(p.fp8_scale);
+  // Thread tid converts head tid / 16, dims [36 (tid % 16), +36): per head, q
+  // is scaled by 2^e so that max |q| lands in [128, 256); then hi = e4m3(q'),
+  // mid = e4m3(16 (q' - hi)), lo = e4m3(16 (16 (q' - hi) - mid)). A non-finite
+  // element becomes NaN (hi) + 0 + 0, so only its own head's rows turn NaN.
+  const float scale_log2 = p.sm_scale * 1.4426950408889634f * __ldg(p.fp8_scale);
   {
-    const int hq = tid >> 3, part = tid & 7;
+    const int hq = tid >> 4, part = tid & 15;
     const int head = work.h0 + hq;
     const bool valid = !work.orphan && head < p.num_heads;
     const __nv_bfloat16* qrow = static_cast<const __nv_bfloat16*>(p.q) +
                                 static_cast<int64_t>(work.t) * p.q_stride_token +
-                                static_cast<int64_t>(valid ? head : 0) * p.q_stride_head + 72 * part;
-    constexpr int kChunks = 72 / 8;
-    uint4 x[kChunks];
+                                static_cast<int64_t>(valid ? head : 0) * p.q_stride_head + 36 * part;
+    // 36 dims = 9 loads of 4 bf16 (36 part bf16 is 8-byte aligned, not 16).
+    uint32_t x[18];  // word i: dims 36 part + 2i, +1
 #pragma unroll
-    for (int m = 0; m < kChunks; ++m) {
-      x[m] = valid ? *reinterpret_cast<const uint4*>(qrow + 8 * m) : make_uint4(0, 0, 0, 0);
+    for (int m = 0; m < 9; ++m) {
+      const uint2 v = valid ? *reinterpret_cast<const uint2*>(qrow + 4 * m) : make_uint2(0, 0);
+      x[2 * m] = v.x;
+      x[2 * m + 1] = v.y;
     }
     uint32_t amax = 0;  // bf16 bits of the largest finite |q| (compare as integers)
 #pragma unroll
-    for (int m = 0; m < kChunks; ++m) {
-      const uint32_t w4[4] = {x[m].x, x[m].y, x[m].z, x[m].w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const uint32_t lo = w4[i] & 0x7FFFu, hi = (w4[i] >> 16) & 0x7FFFu;
-        if (lo < 0x7F80u) amax = max(amax, lo);
-        if (hi < 0x7F80u) amax = max(amax, hi);
-      }
+    for (int i = 0; i < 18; ++i) {
+      const uint32_t lo = x[i] & 0x7FFFu, hi = (x[i] >> 16) & 0x7FFFu;
+      if (lo < 0x7F80u) amax = max(amax, lo);
+      if (hi < 0x7F80u) amax = max(amax, hi);
     }
-    amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-    amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-    amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
+#pragma unroll
+    for (int off = 1; off < 16; off <<= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, off));
     const int amax_exp = static_cast<int>(amax >> 7);  // biased exponent of max |q|
     const int e = amax == 0 ? 0 : min(max(134 - amax_exp, -120), 120);
     const float factor = __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
     if (part == 0) q_scale[hq] = __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
+    uint32_t terms[kQTerms][9];  // 36 codes per term, 4 per word
 #pragma unroll
-    for (int m = 0; m < kChunks; ++m) {
-      const uint32_t w4[4] = {x[m].x, x[m].y, x[m].z, x[m].w};
-      uint32_t terms[kQTerms][2];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        float v0 = __uint_as_float(w4[i] << 16) * factor;
-        float v1 = __uint_as_float(w4[i] & 0xFFFF0000u) * factor;
-        uint32_t code[kQTerms];
-#pragma unroll
-        for (int k = 0; k < kQTerms; ++k) {
-          code[k] = f32x2_to_e4m3x2(v0, v1);
-          const float2 back = e4m3x2_to_f32x2(code[k]);
-          v0 = (v0 - back.x) * 16.f;
-          v1 = (v1 - back.y) * 16.f;
-        }
-        // inf would saturate to 448: make a non-finite element NaN (hi) + 0 + 0.
-        uint32_t keep = 0xFFFFu, nan = 0u;
-        if (!isfinite(__uint_as_float(w4[i] << 16))) keep &= 0xFF00u, nan |= 0x007Fu;
-        if (!isfinite(__uint_as_float(w4[i] & 0xFFFF0000u))) keep &= 0x00FFu, nan |= 0x7F00u;
-        code[0] = (code[0] & keep) | nan;
-        code[1] &= keep;
-        code[2] &= keep;
-#pragma unroll
-        for (int k = 0; k < kQTerms; ++k) {
-          const int sh = 16 * (i & 1);
-          if (sh == 0) terms[k][i >> 1] = code[k]; else terms[k][i >> 1] |= code[k] << 16;
-        }
-      }
-      // Dims d..d+7 (d = 72 part + 8m, 8-aligned) of B column n = 16k + hq sit
-      // at 8 consecutive bytes of one core-matrix row.
-      const int d = 72 * part + 8 * m;
+    for (int i = 0; i < 18; ++i) {
+      float v0 = __uint_as_float(x[i] << 16) * factor;
+      float v1 = __uint_as_float(x[i] & 0xFFFF0000u) * factor;
+      uint32_t code[kQTerms];
 #pragma unroll
       for (int k = 0; k < kQTerms; ++k) {
-        const int n = kTileRows * k + hq;
+        code[k] = f32x2_to_e4m3x2(v0, v1);
+        const float2 back = e4m3x2_to_f32x2(code[k]);
+        v0 = (v0 - back.x) * 16.f;
+        v1 = (v1 - back.y) * 16.f;
+      }
+      // inf would saturate to 448: a non-finite element becomes NaN + 0 + 0.
+      uint32_t keep = 0xFFFFu, nan = 0u;
+      if (!isfinite(__uint_as_float(x[i] << 16))) keep &= 0xFF00u, nan |= 0x007Fu;
+      if (!isfinite(__uint_as_float(x[i] & 0xFFFF0000u))) keep &= 0x00FFu, nan |= 0x7F00u;
+      code[0] = (code[0] & keep) | nan;
+#pragma unroll
+      for (int k = 1; k < kQTerms; ++k) code[k] &= keep;
+#pragma unroll
+      for (int k = 0; k < kQTerms; ++k) {
+        if (i % 2 == 0) terms[k][i / 2] = code[k]; else terms[k][i / 2] |= code[k] << 16;
+      }
+    }
+    // Word m holds dims d = 36 part + 4m .. +3 (4-aligned, inside one 16-byte
+    // core-matrix row) of B column n = 16k + hq.
+#pragma unroll
+    for (int k = 0; k < kQTerms; ++k) {
+      const int n = kTileRows * k + hq;
+#pragma unroll
+      for (int m = 0; m < 9; ++m) {
+        const int d = 36 * part + 4 * m;
         const uint32_t addr = q_smem + (n / 8) * kQSbo + (d / 16) * kCoreBytes + (n % 8) * 16 + (d % 16);
-        asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(addr), "r"(terms[k][0]), "r"(terms[k][1]) : "memory");
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(terms[k][m]) : "memory");
       }
     }
     fence_proxy_async_shared();
   }
-  __syncthreads();  // Q terms and their scales visible (to wgmma as well)
+  // (Q terms and scales are published by the first tile's barrier below.)
 
   // Heads of this thread's accumulator columns: j -> 8 (j / 2) + 2c + j % 2.
   int head_of[4];
-  float qs[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    head_of[j] = 8 * (j >> 1) + 2 * c + (j & 1);
-    qs[j] = q_scale[head_of[j]] * scale_log2;
-  }
-
-  float o[kVBlocks][8];
-#pragma unroll
-  for (int mb = 0; mb < kVBlocks; ++mb) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) o[mb][i] = 0.f;
-  }
   float m_run[4], l_run[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
+    head_of[j] = 8 * (j >> 1) + 2 * c + (j & 1);
     m_run[j] = -CUDART_INF_F;
     l_run[j] = 0.f;
   }
+  float qs[4];  // filled after the first barrier (q_scale written by other threads)
+  float o[kVBlocksPerWg][8];
+#pragma unroll
+  for (int mb = 0; mb < kVBlocksPerWg; ++mb) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[mb][i] = 0.f;
+  }
 
-  // ldmatrix row addresses. QK A (non-transposed; matrices: tokens 16w+0..7 /
-  // 16w+8..15 x bytes 0..15 / 16..31 of a k-step): lane l -> token
-  // 16w + 8 (mi & 1) + ri, byte 16 (mi >> 1), with mi = l / 8, ri = l % 8.
-  const int mi = lane >> 3, ri = lane & 7;
-  const uint32_t qk_lane_off = (16 * warp + 8 * (mi & 1) + ri) * kRowSmem + 16 * (mi >> 1);
-  // PV A (transposed; matrices: tokens 32h + 8mi + 0..7 x the 16 bytes of dims
-  // 64mb + 16w ..): lane l -> token 8 mi + ri.
-  const uint32_t pv_lane_off = (8 * mi + ri) * kRowSmem + 16 * warp;
+  // PV A (transposed; matrices q = tokens 32h + 8q + 0..7 x the 16 bytes of
+  // dims 64mb + 16w ..): lane l supplies token 8 (l / 8) + l % 8.
+  const uint32_t pv_lane_off = ((lane >> 3) * 8 + (lane & 7)) * 16;
 
   for (int it = 0; it < n_tiles; ++it) {
     const int slot = it % kStages;
-    mbarrier_wait(bars + 8 * slot, (it / kStages) & 1);
+    cp_async_wait<kStages - 2>();  // this thread's copies of tile `it`
+    fence_proxy_async_shared();    // ...ordered before the tensor cores read them
+    __syncthreads();               // tile `it` visible; every warp is done with tile it - 1
+    {
+      const int next = it + kStages - 1;
+      if (next < n_tiles) issue_tile(next, next % kStages);  // the slot of tile it - 1
+      cp_async_commit();
+    }
+    if (it == 0) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) qs[j] = q_scale[head_of[j]] * scale_log2;
+    }
     const uint32_t stage = kv_smem + slot * kStageBytes;
 
     // ---- 1. S^T = K Q^T ------------------------------------------------------
-    // The hi term's accumulation is split into kHiChains chains of
-    // kQKSteps / kHiChains k-steps, summed in fp32 (see the precision note in
-    // ptx_sm90.cuh); the mid and lo terms (scaled down by 16 and 256 in S) run
-    // as one chain. Chain 0 shares one N = 48 wgmma with them, the other hi
-    // chains are N = 16 wgmmas next to an N = 32 one for mid and lo.
+    // Per k-step, an N = 16 wgmma for the hi term and an N = 32 one for mid and
+    // lo. The hi term's accumulation is split into kHiChains chains of
+    // kChain k-steps, summed in fp32 (mid and lo are scaled down by 16 and 256
+    // in S, so one chain does for them). (One N = 48 wgmma per k-step would
+    // need the mid/lo registers to take two accumulator shapes, and then
+    // ptxas serializes every wgmma of the kernel: C7511.) A: the stage,
+    // chunk-major (LBO = the chunk stride, SBO = 8 tokens x 16 bytes).
     constexpr int kChain = kQKSteps / kHiChains;
     float acc_hi[kHiChains][8], acc_ml[16];
-    {
-      uint32_t ka[kQKSteps][4];
+    wgmma_fence();
 #pragma unroll
-      for (int ks = 0; ks < kQKSteps; ++ks) ldmatrix_x4(ka[ks], stage + qk_lane_off + 32 * ks);
-      wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < kQKSteps; ++ks) {
-        const uint32_t b = q_smem + ks * 2 * kCoreBytes;  // dims 32 ks .. 32 ks + 31, columns 0..
-        if (ks == 0) {
-          wgmma_m64n48k32_e4m3_rs<false>(acc_hi[0], acc_ml, ka[ks], smem_desc_noswizzle(b, kCoreBytes, kQSbo));
-        } else if (ks < kChain) {
-          wgmma_m64n48k32_e4m3_rs<true>(acc_hi[0], acc_ml, ka[ks], smem_desc_noswizzle(b, kCoreBytes, kQSbo));
-        } else {
-          const uint64_t desc_hi = smem_desc_noswizzle(b, kCoreBytes, kQSbo);
-          const uint64_t desc_ml = smem_desc_noswizzle(b + 2 * kQSbo, kCoreBytes, kQSbo);  // columns 16..47
-          if (ks % kChain == 0) {
-            wgmma_m64n16k32_e4m3_rs<false>(acc_hi[ks / kChain], ka[ks], desc_hi);
-          } else {
-            wgmma_m64n16k32_e4m3_rs<true>(acc_hi[ks / kChain], ka[ks], desc_hi);
-          }
-          wgmma_m64n32k32_e4m3_rs<true>(acc_ml, ka[ks], desc_ml);
-        }
+    for (int ks = 0; ks < kQKSteps; ++ks) {
+      const uint64_t desc_a = smem_desc_noswizzle(stage + 2 * ks * kChunkStride, kChunkStride, kCoreBytes);
+      const uint32_t b = q_smem + ks * 2 * kCoreBytes;  // dims 32 ks .. 32 ks + 31
+      const uint64_t desc_hi = smem_desc_noswizzle(b, kCoreBytes, kQSbo);
+      const uint64_t desc_ml = smem_desc_noswizzle(b + 2 * kQSbo, kCoreBytes, kQSbo);  // columns 16..47
+      if (ks % kChain == 0) {
+        wgmma_m64n16k32_e4m3_ss<false>(acc_hi[ks / kChain], desc_a, desc_hi);
+      } else {
+        wgmma_m64n16k32_e4m3_ss<true>(acc_hi[ks / kChain], desc_a, desc_hi);
       }
-      wgmma_commit();
-      wgmma_wait<0>();
-#pragma unroll
-      for (int ks = 0; ks < kQKSteps; ++ks) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) pin(ka[ks][r]);
-      }
-#pragma unroll
-      for (int i = 0; i < 16; ++i) pin(acc_ml[i]);
-#pragma unroll
-      for (int ch = 0; ch < kHiChains; ++ch) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) pin(acc_hi[ch][i]);
+      if (ks == 0) {
+        wgmma_m64n32k32_e4m3_ss<false>(acc_ml, desc_a, desc_ml);
+      } else {
+        wgmma_m64n32k32_e4m3_ss<true>(acc_ml, desc_a, desc_ml);
       }
     }
+    wgmma_commit();
 
-    // ---- V^T fragments for PV (A operand, registers) --------------------------
+    // ---- V^T fragments for PV (A operand, registers), while QK runs ------------
     // ldmatrix.trans of matrix q (tokens t0 + 8q + 0..7, dims d0..d0+15) gives
     // lane (g, c) bytes [t0+8q+2c: d0+2g, d0+2g+1 | t0+8q+2c+1: d0+2g, d0+2g+1].
     // prmt 0x6240 / 0x7351 of matrices (0, 1) gather dim d0+2g / d0+2g+1 of
     // tokens t0 + {2c, 8+2c, 2c+1, 9+2c}: so A row g is dim 2g, row g+8 is dim
     // 2g+1, and k = 4c + v is token t0 + {2c, 8+2c, 2c+1, 9+2c}[v] (matrices
-    // (2, 3): the same, 16 tokens on). The P layout below follows this k order:
-    // in each 16-token group, token 2u + e (u < 8, e < 2) ... see the P store.
-    uint32_t va[kVBlocks][2][4];
+    // (2, 3): the same, 16 tokens on). In each 16-token group, token u < 8 is
+    // k = 2u and token 8 + u is k = 2u + 1: the P store below follows this.
+    uint32_t va[kVBlocksPerWg][2][4];
 #pragma unroll
-    for (int mb = 0; mb < kVBlocks; ++mb) {
+    for (int mb = 0; mb < kVBlocksPerWg; ++mb) {
+      const int kc = 4 * (kVBlocksPerWg * wg + mb) + warp;  // dims 64 (4 wg + mb) + 16 w ..
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         uint32_t r[4];
-        ldmatrix_x4_trans(r, stage + pv_lane_off + 32 * h * kRowSmem + 64 * mb);
+        ldmatrix_x4_trans(r, stage + kc * kChunkStride + 32 * h * 16 + pv_lane_off);
         va[mb][h][0] = prmt(r[0], r[1], 0x6240);
         va[mb][h][1] = prmt(r[0], r[1], 0x7351);
         va[mb][h][2] = prmt(r[2], r[3], 0x6240);
         va[mb][h][3] = prmt(r[2], r[3], 0x7351);
       }
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 16; ++i) pin(acc_ml[i]);
+#pragma unroll
+    for (int ch = 0; ch < kHiChains; ++ch) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) pin(acc_hi[ch][i]);
     }
 
     // ---- 2. online softmax (log2 domain), per head over the tile's tokens ------
@@ -380,21 +369,15 @@ __global__ void __launch_bounds__(kThreads) decode_fp8_wgmma_kernel(const Decode
         }
       }
     }
-    float tile_max[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       float mx = fmaxf(s[j][0], s[j][1]);
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-      tile_max[j] = mx;
+      if (g == 0) red[warp * kTileRows + head_of[j]] = mx;
     }
-    if (g == 0) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) red[warp * kTileRows + head_of[j]] = tile_max[j];
-    }
-    __syncthreads();  // (A) the 4 warps' maxima visible; every warp has read this stage
-    if (it + kStages < n_tiles) issue_tile(it + kStages, slot);
+    warpgroup_barrier(wg);  // the 4 warps' maxima visible
 
     float alpha[4];
 #pragma unroll
@@ -410,9 +393,9 @@ __global__ void __launch_bounds__(kThreads) decode_fp8_wgmma_kernel(const Decode
       const float p1 = exp2f(s[j][1] - (none ? 0.f : m_new));
       l_run[j] = l_run[j] * alpha[j] + (p0 + p1);
       m_run[j] = m_new;
-      // P^T as B of PV: column n = head, k = term * 64 + token position. Tokens
-      // 16w + g and 16w + g + 8 are k positions 16w + 2g and 16w + 2g + 1 in
-      // the V fragment order above, so one 16-bit store per term holds both.
+      // P^T as B of PV: column n = head, k = term * 64 + k position. Tokens
+      // 16w + g and 16w + g + 8 are k positions 16w + 2g and 16w + 2g + 1 (see
+      // the V fragments), so one 16-bit store per term holds both.
       const uint32_t hi = f32x2_to_e4m3x2(p0 * kPScale, p1 * kPScale);
       const float2 back = e4m3x2_to_f32x2(hi);
       const uint32_t lo = f32x2_to_e4m3x2(p0 * kPScale - back.x, p1 * kPScale - back.y);
@@ -424,17 +407,16 @@ __global__ void __launch_bounds__(kThreads) decode_fp8_wgmma_kernel(const Decode
                    : "memory");
     }
     fence_proxy_async_shared();
-    __syncthreads();  // (B) P visible to the tensor cores
+    warpgroup_barrier(wg);  // P visible to the tensor cores; the maxima are read
 
     // ---- 3. O^T = alpha O^T + V^T P^T ----------------------------------------------
     // Each tile's product starts from zero (4 chained k-steps: P_hi tokens 0-31,
-    // 32-63, then P_lo) and is added to the fp32 O here, never chained across
-    // tiles inside the tensor cores (see the precision note in ptx_sm90.cuh).
+    // 32-63, then P_lo) and is added to the fp32 O here.
     {
-      float pv[kVBlocks][8];
+      float pv[kVBlocksPerWg][8];
       wgmma_fence();
 #pragma unroll
-      for (int mb = 0; mb < kVBlocks; ++mb) {
+      for (int mb = 0; mb < kVBlocksPerWg; ++mb) {
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
           const uint64_t desc = smem_desc_noswizzle(p_smem + ks * 2 * kCoreBytes, kCoreBytes, kPSbo);
@@ -448,7 +430,7 @@ __global__ void __launch_bounds__(kThreads) decode_fp8_wgmma_kernel(const Decode
       wgmma_commit();
       wgmma_wait<0>();
 #pragma unroll
-      for (int mb = 0; mb < kVBlocks; ++mb) {
+      for (int mb = 0; mb < kVBlocksPerWg; ++mb) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -462,22 +444,24 @@ __global__ void __launch_bounds__(kThreads) decode_fp8_wgmma_kernel(const Decode
       }
     }
   }
+  cp_async_wait<0>();
 
   // ---- epilogue ----------------------------------------------------------------
   // Row sums: this thread's two tokens per tile -> the warp (lanes of equal c)
-  // -> the 4 warps through shared memory.
+  // -> the warpgroup's 4 warps through shared memory. Both warpgroups computed
+  // the same scores, so their (m, l) agree; each writes its half of the dims.
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     l_run[j] += __shfl_xor_sync(0xffffffffu, l_run[j], 4);
     l_run[j] += __shfl_xor_sync(0xffffffffu, l_run[j], 8);
     l_run[j] += __shfl_xor_sync(0xffffffffu, l_run[j], 16);
   }
-  __syncthreads();  // every warp is done reading `red` (barrier A's maxima)
+  warpgroup_barrier(wg);  // every warp of the group is done reading `red`
   if (g == 0) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) red[warp * kTileRows + head_of[j]] = l_run[j];
   }
-  __syncthreads();
+  warpgroup_barrier(wg);
   const float out_scale = __ldg(p.fp8_scale) / kPScale;  // V's dequantisation and P's 256
   const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
 #pragma unroll
@@ -493,28 +477,30 @@ __global__ void __launch_bounds__(kThreads) decode_fp8_wgmma_kernel(const Decode
       inv = CUDART_NAN_F;
       lse = CUDART_NAN_F;
     }
+    // o[mb][4i + 2r + e]: dim 64 (4 wg + mb) + 16w + 2g + r, head 8i + 2c + e.
     const int i = j >> 1, e = j & 1;
+    const bool writes_lse = wg == 0 && warp == 0 && g == 0;
     if (args.num_splits == 1) {
       uint16_t* dst = static_cast<uint16_t*>(p.out) + static_cast<int64_t>(work.t) * p.out_stride_token +
                       static_cast<int64_t>(h) * p.out_stride_head;
 #pragma unroll
-      for (int mb = 0; mb < kVBlocks; ++mb) {
-        const int dim = 64 * mb + 16 * warp + 2 * g;
+      for (int mb = 0; mb < kVBlocksPerWg; ++mb) {
+        const int dim = 64 * (kVBlocksPerWg * wg + mb) + 16 * warp + 2 * g;
         *reinterpret_cast<uint32_t*>(dst + dim) =
             mla_pack_bf16x2(o[mb][4 * i + e] * inv, o[mb][4 * i + 2 + e] * inv);
       }
-      if (warp == 0 && g == 0) {
+      if (writes_lse) {
         p.lse[static_cast<int64_t>(work.t) * p.lse_stride_token + static_cast<int64_t>(h) * p.lse_stride_head] = lse;
       }
     } else {
       const int64_t row = static_cast<int64_t>(work.t) * p.num_heads + h;
       float* dst = args.partial_out + (static_cast<int64_t>(work.split) * rows + row) * kHeadDimV;
 #pragma unroll
-      for (int mb = 0; mb < kVBlocks; ++mb) {
-        const int dim = 64 * mb + 16 * warp + 2 * g;
+      for (int mb = 0; mb < kVBlocksPerWg; ++mb) {
+        const int dim = 64 * (kVBlocksPerWg * wg + mb) + 16 * warp + 2 * g;
         *reinterpret_cast<float2*>(dst + dim) = make_float2(o[mb][4 * i + e] * inv, o[mb][4 * i + 2 + e] * inv);
       }
-      if (warp == 0 && g == 0) args.partial_lse[static_cast<int64_t>(work.split) * rows + row] = lse;
+      if (writes_lse) args.partial_lse[static_cast<int64_t>(work.split) * rows + row] = lse;
     }
   }
 #endif  // MLA_SM90A_DEVICE

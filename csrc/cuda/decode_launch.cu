@@ -135,13 +135,15 @@ SplitPlan plan_splits(const MlaDecodeParams& p, int num_sms, int requested_split
   } else {
     est_len = p.num_cache_rows / std::max<int32_t>(p.batch, 1);
   }
-  const int64_t slots = static_cast<int64_t>(num_sms) * 2;  // two CTAs per SM fit in shared memory
-  int64_t splits = (slots + tiles / 2) / tiles;              // round to the nearest whole wave
 #if MLA_PLATFORM_HIP
-  const int tile_tokens = kBlockN;
+  const bool one_cta_per_sm = false;
 #else
-  const int tile_tokens = fp8_uses_wgmma(p) ? kBlockNWgmma : kBlockN;
+  const bool one_cta_per_sm = fp8_uses_wgmma(p);  // the Hopper fp8 kernel: 8 warps, 176 KB
 #endif
+  // Two CTAs per SM fit in shared memory (mma.sync and MFMA kernels).
+  const int64_t slots = static_cast<int64_t>(num_sms) * (one_cta_per_sm ? 1 : 2);
+  int64_t splits = (slots + tiles / 2) / tiles;              // round to the nearest whole wave
+  const int tile_tokens = one_cta_per_sm ? kBlockNWgmma : kBlockN;
   splits = std::min<int64_t>(splits, std::max<int64_t>(1, est_len / tile_tokens));
   // At most kMaxPlannedSplits (decode_common.h). NVIDIA, 32: beyond that the
   // combine (one row per block, reading every split's 2 KB partial) costs

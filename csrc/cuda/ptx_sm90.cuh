@@ -1,7 +1,8 @@
 // Thin wrappers over the Hopper (sm_90a) instructions of the wgmma decode
-// kernel (decode_kernel_sm90.cuh): warpgroup MMA on e4m3 with the A operand
-// in registers and B in shared memory, the shared-memory matrix descriptor,
-// mbarriers, and bulk global -> shared copies that complete on an mbarrier.
+// kernel (decode_kernel_sm90.cuh): warpgroup MMA on e4m3 (A in registers or
+// shared memory, B in shared memory), the shared-memory matrix descriptor,
+// and the proxy fence that orders ordinary shared-memory writes before the
+// tensor cores read them.
 //
 // Only compiled into device code for sm_90a (MLA_SM90A_DEVICE below); other
 // device passes see declarations with empty bodies that are never launched
@@ -68,39 +69,6 @@ __device__ __forceinline__ void wgmma_wait() {
 // truncation error relative to the accumulator's magnitude. Callers keep the
 // chains short and sum them in fp32.
 //
-// d (64 x 48) (+)= A (64 x 32, registers) * B (32 x 48, shared, K-major), the
-// accumulator given as columns 0-15 (d0) and 16-47 (d1). kAccumulate false:
-// d = A * B (the old d is ignored).
-template <bool kAccumulate>
-__device__ __forceinline__ void wgmma_m64n48k32_e4m3_rs(float (&d0)[8], float (&d1)[16], const uint32_t (&a)[4],
-                                                        uint64_t desc_b) {
-#if MLA_SM90A_DEVICE
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %29, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n48k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
-      "%23}, {%24, %25, %26, %27}, %28, p, 1, 1;\n}\n"
-      : "+f"(d0[0]), "+f"(d0[1]), "+f"(d0[2]), "+f"(d0[3]), "+f"(d0[4]), "+f"(d0[5]), "+f"(d0[6]), "+f"(d0[7]),
-        "+f"(d1[0]), "+f"(d1[1]), "+f"(d1[2]), "+f"(d1[3]), "+f"(d1[4]), "+f"(d1[5]), "+f"(d1[6]), "+f"(d1[7]),
-        "+f"(d1[8]), "+f"(d1[9]), "+f"(d1[10]), "+f"(d1[11]), "+f"(d1[12]), "+f"(d1[13]), "+f"(d1[14]), "+f"(d1[15])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
-#endif
-}
-
-// d (64 x 32) (+)= A (64 x 32, registers) * B (32 x 32, shared, K-major).
-template <bool kAccumulate>
-__device__ __forceinline__ void wgmma_m64n32k32_e4m3_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b) {
-#if MLA_SM90A_DEVICE
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
-#endif
-}
-
 // d (64 x 16) (+)= A (64 x 32, registers) * B (32 x 16, shared, K-major).
 template <bool kAccumulate>
 __device__ __forceinline__ void wgmma_m64n16k32_e4m3_rs(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b) {
@@ -114,12 +82,44 @@ __device__ __forceinline__ void wgmma_m64n16k32_e4m3_rs(float (&d)[8], const uin
 #endif
 }
 
-// Four 8x8 b16 matrices (not transposed): lane l supplies the row address of
-// matrix l / 8, row l % 8; lane (g, c) receives row g, 16-bit column c of each.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
+// The same three shapes with A in shared memory too (K-major, descriptor).
+template <bool kAccumulate>
+__device__ __forceinline__ void wgmma_m64n48k32_e4m3_ss(float (&d0)[8], float (&d1)[16], uint64_t desc_a,
+                                                        uint64_t desc_b) {
+#if MLA_SM90A_DEVICE
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n48k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
+      "%23}, %24, %25, p, 1, 1;\n}\n"
+      : "+f"(d0[0]), "+f"(d0[1]), "+f"(d0[2]), "+f"(d0[3]), "+f"(d0[4]), "+f"(d0[5]), "+f"(d0[6]), "+f"(d0[7]),
+        "+f"(d1[0]), "+f"(d1[1]), "+f"(d1[2]), "+f"(d1[3]), "+f"(d1[4]), "+f"(d1[5]), "+f"(d1[6]), "+f"(d1[7]),
+        "+f"(d1[8]), "+f"(d1[9]), "+f"(d1[10]), "+f"(d1[11]), "+f"(d1[12]), "+f"(d1[13]), "+f"(d1[14]), "+f"(d1[15])
+      : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
+#endif
+}
+template <bool kAccumulate>
+__device__ __forceinline__ void wgmma_m64n32k32_e4m3_ss(float (&d)[16], uint64_t desc_a, uint64_t desc_b) {
+#if MLA_SM90A_DEVICE
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
+#endif
+}
+template <bool kAccumulate>
+__device__ __forceinline__ void wgmma_m64n16k32_e4m3_ss(float (&d)[8], uint64_t desc_a, uint64_t desc_b) {
+#if MLA_SM90A_DEVICE
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
+#endif
 }
 
 // ---------------------------------------------------------------------------
@@ -130,49 +130,6 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
 __device__ __forceinline__ void fence_proxy_async_shared() {
 #if MLA_SM90A_DEVICE
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-
-// ---------------------------------------------------------------------------
-// mbarrier (64-bit, in shared memory) and bulk copies completing on it.
-// ---------------------------------------------------------------------------
-__device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t arrivals) {
-#if MLA_SM90A_DEVICE
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals) : "memory");
-#endif
-}
-
-// One arrival that also expects `bytes` more bytes of transactions this phase
-// (release semantics: the caller's earlier shared-memory writes are visible to
-// threads that observe the phase complete).
-__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-#if MLA_SM90A_DEVICE
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-#endif
-}
-
-// Blocks until the phase with parity `parity` of `bar` has completed
-// (acquire semantics).
-__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
-#if MLA_SM90A_DEVICE
-  asm volatile(
-      "{\n.reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-#endif
-}
-
-// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to
-// shared memory by the bulk copy engine; completes as a transaction on `bar`.
-__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-#if MLA_SM90A_DEVICE
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-      "l"(src), "r"(bytes), "r"(bar)
-      : "memory");
 #endif
 }
 
