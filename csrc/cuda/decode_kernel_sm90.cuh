@@ -298,8 +298,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_fp8_wgmma_kernel(const Dec
     cp_async_wait<1>();          // this thread's copies of tiles 2k and 2k+1
     fence_proxy_async_shared();  // ...ordered before the tensor cores read them
     __syncthreads();             // both tiles visible; pair k-1 is done everywhere
-    issue_tile(2 * k + kStages - 2);
-    issue_tile(2 * k + kStages - 1);
+    // Tiles 2k+3 and 2k+4 go into the slots of pair k-1, now free. They are
+    // issued while this pair's wgmmas run (below): issued here in one burst by
+    // all 8 warps, their 144 warp-wide cp.async stalled the warps on the
+    // memory pipeline for about a third of the loop (ncu, run 37).
     if (k == 0) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) qs[j] = q_scale[head_of[j]] * scale_log2;
@@ -337,6 +339,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_fp8_wgmma_kernel(const Dec
         }
       }
       wgmma_commit();
+      issue_tile(2 * k + kStages - 2);  // overlaps the QK wgmmas
       const uint32_t bad_lo = flags[2 * slot], bad_hi = flags[2 * slot + 1];
       wgmma_wait<0>();
 #pragma unroll
@@ -411,6 +414,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_fp8_wgmma_kernel(const Dec
                      : "memory");
       }
       fence_proxy_async_shared();
+    } else {
+      issue_tile(2 * k + kStages - 2);
     }
     __syncthreads();  // both tiles' P and statistics visible (to the tensor cores too)
 
@@ -492,6 +497,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_fp8_wgmma_kernel(const Dec
       float pv[kVBlocksPerWg][8];
       load_v(2 * k, va0);
       issue_pv(0, va0, pv);
+      issue_tile(2 * k + kStages - 1);  // overlaps tile 2k's PV wgmmas
       if (n_here == 2) load_v(2 * k + 1, va1);
       wgmma_wait<0>();
       fold(0, va0, pv);
