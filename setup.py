@@ -158,6 +158,8 @@ def build_extension():
     gpu_sources = ["csrc/ops/dispatch_cuda.cpp"]
     gpu_sources += sorted(str(p.relative_to(ROOT)) for p in (CSRC / "cuda").glob("*.cu"))
     if backend == "cuda":
+        # NVIDIA-only translation units (Hopper wgmma): not part of a ROCm build.
+        gpu_sources += sorted(str(p.relative_to(ROOT)) for p in (CSRC / "cuda" / "sm90").glob("*.cu"))
         archs = check_cuda_archs()
         print(f"mla_decode: building CPU + CUDA operators for TORCH_CUDA_ARCH_LIST={archs}")
         nvcc_flags = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-DMLA_DECODE_WITH_CUDA",

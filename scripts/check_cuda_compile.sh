@@ -13,7 +13,7 @@ ARCH=${ARCH:-"-gencode=arch=compute_90a,code=sm_90a -DMLA_DECODE_SM90A"}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 status=0
-for cu in csrc/cuda/*.cu; do
+for cu in csrc/cuda/*.cu csrc/cuda/sm90/*.cu; do
   if "$NVCC" -std=c++17 -O3 --expt-relaxed-constexpr --use_fast_math $ARCH -Xptxas=-v,-warn-spills \
       -c "$cu" -o "$tmp/$(basename "$cu").o" > "$tmp/log" 2>&1; then
     regs=$(grep -E "Used [0-9]+ registers" "$tmp/log" | sed -E 's/.*Used ([0-9]+) registers.*/\1/' | sort -n | tail -1)

@@ -2,6 +2,7 @@
 # One device session: build the CUDA extension, run the whole test suite
 # (GPU tests included), optionally the benchmark and compute-sanitizer, and
 # leave logs under $OUT (or ./gpu_out). Usage: scripts/gpu_check.sh [tests] [bench] [sanitize]
+# (sanitize also runs the fp8 cases on the opt-in Hopper kernel, MLA_DECODE_FP8_KERNEL=wgmma)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
@@ -27,6 +28,9 @@ for step in $steps; do
       for tool in memcheck racecheck; do
         compute-sanitizer --tool $tool --error-exitcode 9 python3 scripts/sanitize_cases.py > "$OUT/sanitize_$tool.log" 2>&1
         echo "compute-sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)"
+        MLA_DECODE_FP8_KERNEL=wgmma compute-sanitizer --tool $tool --error-exitcode 9 python3 scripts/sanitize_cases.py fp8 \
+          > "$OUT/sanitize_${tool}_wgmma.log" 2>&1
+        echo "compute-sanitizer $tool (fp8, wgmma kernel): rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_${tool}_wgmma.log" | tail -1)"
       done ;;
   esac
 done

@@ -1,5 +1,6 @@
 """Small decode cases for compute-sanitizer (memcheck, racecheck): every
-format and layout, forced splits, ragged lengths with 0, H = 16 and 128."""
+format (or those named on the command line) and layout, forced splits, ragged
+lengths with 0, H = 16 and 128."""
 import os
 import sys
 
@@ -13,7 +14,7 @@ from cases import FORMATS, LAYOUTS, check_against_reference, make_case  # noqa: 
 
 dev = torch.device("cuda")
 n = 0
-for fmt in FORMATS:
+for fmt in sys.argv[1:] or FORMATS:
     for layout in LAYOUTS:
         for heads, q_len, splits in ((16, 1, 0), (128, 2, 3)):
             case = make_case(fmt, layout, heads, q_len, [70, 0, 33], seed=n, device=dev)

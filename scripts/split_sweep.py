@@ -1,5 +1,6 @@
 """Competition-protocol time of the decode operator for forced split counts
-(num_splits argument), to tune plan_splits. Usage: python scripts/split_sweep.py [fmt ...]"""
+(num_splits argument), to tune plan_splits.
+Usage: python scripts/split_sweep.py [fmt ...] [--shapes B:KV,B:KV,...]"""
 import sys
 
 import torch
@@ -7,9 +8,17 @@ import torch
 import mla_decode  # noqa: F401
 from mla_decode.inputs import generate_input
 
-fmts = sys.argv[1:] or ["bf16", "fp8"]
+args = sys.argv[1:]
+shape_arg = None
+if "--shapes" in args:
+    i = args.index("--shapes")
+    shape_arg = args[i + 1]
+    del args[i:i + 2]
+fmts = args or ["bf16", "fp8"]
 flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
 shapes = [(4, 1024), (4, 8192), (32, 1024), (64, 1024), (32, 8192), (256, 1024)]
+if shape_arg:
+    shapes = [tuple(int(x) for x in sh.split(":")) for sh in shape_arg.split(",")]
 for fmt in fmts:
     for b, kv in shapes:
         q, kvd, qo, kvp, cfg = generate_input(b, 1, kv, seed=3, device="cuda")

@@ -104,3 +104,24 @@ def test_custom_kernel_on_competition_inputs(fmt, monkeypatch):
                                   qo.cpu(), config["sm_scale"], kv_indptr=kvp.cpu())
         rel = float((out.cpu().double() - ref).norm() / ref.norm())
         assert rel < 8e-3, rel
+
+
+def _hopper_kernel_built():
+    import re
+    from mla_decode import _build_info
+    archs = re.split(r"[;\s,]+", (_build_info.CUDA_ARCHS or "").strip())
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and "9.0a" in archs
+
+
+@pytest.mark.skipif(not _hopper_kernel_built(), reason="needs an H100/H200 and a build with TORCH_CUDA_ARCH_LIST 9.0a")
+def test_fp8_suite_on_the_hopper_wgmma_kernel():
+    """The opt-in Hopper fp8 kernel (MLA_DECODE_FP8_KERNEL=wgmma, read once per process):
+    every fp8 test of this file again, in a child process that selects it."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, MLA_DECODE_FP8_KERNEL="wgmma")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                           "(fp8 or odd_head) and not fnuz and not hopper"], env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout and " failed" not in proc.stdout

@@ -45,12 +45,13 @@ struct DecodeLaunch {
                        // token -> item lookup, checked on the device), else 0
 };
 
+constexpr int kBlockNWgmma = 64;  // tokens per stage of the Hopper fp8 kernel (below)
+
 #if !MLA_PLATFORM_HIP
-// Hopper (decode_fp8_sm90.cu): whether an OCP fp8 call runs on the wgmma
-// kernel (built with an sm_90a target, a compute capability 9.0 device,
-// 16-byte aligned cache rows, not disabled by MLA_DECODE_FP8_KERNEL=mma), and
+// Hopper (sm90/decode_fp8_sm90.cu): whether an OCP fp8 call runs on the wgmma
+// kernel (opted in with MLA_DECODE_FP8_KERNEL=wgmma, built with an sm_90a
+// target, a compute capability 9.0 device, 16-byte aligned cache rows), and
 // its launcher. Its splits are multiples of kBlockNWgmma tokens.
-constexpr int kBlockNWgmma = 64;
 bool fp8_uses_wgmma(const MlaDecodeParams& p);
 cudaError_t launch_fp8_wgmma(const DecodeLaunch& args, cudaStream_t stream);
 #endif

@@ -759,7 +759,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
 template <KvFormat F>
 cudaError_t launch_split_kernel(const DecodeLaunch& args, cudaStream_t stream) {
   if constexpr (F == KvFormat::kFp8E4M3FN) {
-    // Hopper: both products on the fp8 tensor cores (decode_kernel_sm90.cuh).
+    // Hopper: both products on the fp8 tensor cores (sm90/decode_kernel_sm90.cuh).
     if (fp8_uses_wgmma(args.p)) return launch_fp8_wgmma(args, stream);
   }
   constexpr int kSmem = SmemLayout<F>::kTotal;

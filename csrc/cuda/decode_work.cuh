@@ -1,6 +1,6 @@
 // Which rows and keys one CTA of an NVIDIA split kernel works on, shared by
 // the mma.sync kernel (decode_kernel.cuh) and the wgmma kernel
-// (decode_kernel_sm90.cuh). Grid: x = query token t * head_groups + head
+// (sm90/decode_kernel_sm90.cuh). Grid: x = query token t * head_groups + head
 // group, y = KV split (decode_common.h states the contract).
 #pragma once
 

@@ -42,11 +42,11 @@
 #include <cuda_fp8.h>
 #include <math_constants.h>
 
-#include "../mla_decode/addressing.h"
-#include "../mla_decode/params.h"
-#include "decode_common.h"
-#include "decode_work.cuh"
-#include "ptx_sm80.cuh"
+#include "../../mla_decode/addressing.h"
+#include "../../mla_decode/params.h"
+#include "../decode_common.h"
+#include "../decode_work.cuh"
+#include "../ptx_sm80.cuh"
 #include "ptx_sm90.cuh"
 
 namespace mla_decode {

@@ -11,7 +11,7 @@
 
 #include <stdint.h>
 
-#include "../mla_decode/portability.h"
+#include "../../mla_decode/portability.h"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MLA_SM90A_DEVICE 1

@@ -1,8 +1,8 @@
 """Accuracy of the fp8 decode kernel against the float64 reference on the same
 dequantised cache: the single-score LSE error over many one-key rows (the QK
 accumulation alone), and long rows (the PV accumulation over many tiles).
-Usage: python3 scripts/fp8_wgmma_debug.py  (MLA_DECODE_FP8_KERNEL=mma for the
-mma.sync kernel)"""
+Usage: MLA_DECODE_FP8_KERNEL=wgmma python3 scripts/fp8_accuracy.py (the
+Hopper kernel; without the variable, the default mma.sync kernel)"""
 import os
 import sys
 
