@@ -94,7 +94,7 @@ struct Smem {
   static constexpr int kStat = kP + 2 * kPBytes;                  // TileStat [2]
   static constexpr int kRed = kStat + 2 * sizeof(TileStat);       // [2 wg][16 heads][4 warps] fp32
   static constexpr int kQScale = kRed + 2 * kTileRows * 4 * 4;    // [16] fp32: 2^-e of each head
-  static constexpr int kFlags = kQScale + kTileRows * 4;          // [kStages][2] u32: bad-row masks
+  static constexpr int kFlags = kQScale + kTileRows * 4;          // [kStages][2] u32: bad-token masks
   static constexpr int kTotal = kFlags + kStages * 8;
 };
 static_assert(Smem::kQ % 128 == 0 && Smem::kP % 128 == 0 && kPBytes % 128 == 0,
@@ -110,16 +110,6 @@ __device__ __forceinline__ uint32_t f32x2_to_e4m3x2(float x, float y) {
 __device__ __forceinline__ float2 e4m3x2_to_f32x2(uint32_t codes) {
   const uint32_t h = e4m3x2_to_f16x2<0>(codes);
   return __half22float2(*reinterpret_cast<const __half2*>(&h));
-}
-
-// The low word of a no-swizzle descriptor (start address and LBO); the high
-// word is SBO >> 4. Kept as two 32-bit halves so that stepping the start
-// address is one 32-bit add (addresses < 256 KB never carry out of 14 bits).
-__device__ __forceinline__ uint32_t desc_lo(uint32_t smem_addr, uint32_t lbo) {
-  return ((smem_addr >> 4) & 0x3FFFu) | (((lbo >> 4) & 0x3FFFu) << 16);
-}
-__device__ __forceinline__ uint64_t desc_of(uint32_t lo, uint32_t sbo) {
-  return (static_cast<uint64_t>(sbo >> 4) << 32) | lo;
 }
 
 // Keeps the compiler from moving reads or writes of a register that an
@@ -288,7 +278,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_fp8_wgmma_kernel(const Dec
 
   // Descriptor words. QK A: the stage, chunk-major (LBO = the chunk stride,
   // SBO = 8 tokens x 16 bytes); QK B: Q^T; PV B: P^T of a tile.
-  const uint32_t q_desc_lo = desc_lo(q_smem, kCoreBytes);
+  const uint32_t q_desc_lo = smem_desc_lo(q_smem, kCoreBytes);
   // PV A (transposed; matrices q = tokens t0 + 8q + 0..7 x the 16 bytes of
   // dims 64 mb + 16 w ..): lane l supplies token 8 (l / 8) + l % 8.
   const uint32_t pv_lane_off = ((lane >> 3) * 8 + (lane & 7)) * 16;
@@ -301,7 +291,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_fp8_wgmma_kernel(const Dec
     // Tiles 2k+3 and 2k+4 go into the slots of pair k-1, now free. They are
     // issued while this pair's wgmmas run (below): issued here in one burst by
     // all 8 warps, their 144 warp-wide cp.async stalled the warps on the
-    // memory pipeline for about a third of the loop (ncu, run 37).
+    // memory pipeline for about a third of the loop (ncu, run36).
     if (k == 0) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) qs[j] = q_scale[head_of[j]] * scale_log2;
@@ -311,7 +301,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_fp8_wgmma_kernel(const Dec
     const int my_tile = 2 * k + wg;
     if (my_tile < n_tiles) {
       const int slot = my_tile % kStages;
-      const uint32_t a_lo = desc_lo(kv_smem + slot * kStageBytes, kChunkStride);
+      const uint32_t a_lo = smem_desc_lo(kv_smem + slot * kStageBytes, kChunkStride);
       // Per k-step, an N = 16 wgmma for the hi term and an N = 32 one for mid
       // and lo. The hi term's accumulation is split into kHiChains chains,
       // summed in fp32 (mid and lo are scaled down by 16 and 256 in S, so one
@@ -323,10 +313,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_fp8_wgmma_kernel(const Dec
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < kQKSteps; ++ks) {
-        const uint64_t desc_a = desc_of(a_lo + ((2 * ks * kChunkStride) >> 4), kCoreBytes);
+        const uint64_t desc_a = smem_desc(a_lo + ((2 * ks * kChunkStride) >> 4), kCoreBytes);
         const uint32_t b_lo = q_desc_lo + ((2 * ks * kCoreBytes) >> 4);  // dims 32 ks .. +31
-        const uint64_t desc_hi = desc_of(b_lo, kQSbo);
-        const uint64_t desc_ml = desc_of(b_lo + ((2 * kQSbo) >> 4), kQSbo);  // columns 16..47
+        const uint64_t desc_hi = smem_desc(b_lo, kQSbo);
+        const uint64_t desc_ml = smem_desc(b_lo + ((2 * kQSbo) >> 4), kQSbo);  // columns 16..47
         if (ks % kChain == 0) {
           wgmma_m64n16k32_e4m3_ss<false>(acc_hi[ks / kChain], desc_a, desc_hi);
         } else {
@@ -448,13 +438,13 @@ __global__ void __launch_bounds__(kThreads, 1) decode_fp8_wgmma_kernel(const Dec
       }
     };
     auto issue_pv = [&](int tt, const uint32_t(&va)[kVBlocksPerWg][2][4], float(&pv)[kVBlocksPerWg][8]) {
-      const uint32_t p_lo = desc_lo(p_smem + tt * kPBytes, kCoreBytes);
+      const uint32_t p_lo = smem_desc_lo(p_smem + tt * kPBytes, kCoreBytes);
       wgmma_fence();
 #pragma unroll
       for (int mb = 0; mb < kVBlocksPerWg; ++mb) {
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {  // k-steps: P_hi tokens 0-31, 32-63, then P_lo
-          const uint64_t desc = desc_of(p_lo + ((2 * ks * kCoreBytes) >> 4), kPSbo);
+          const uint64_t desc = smem_desc(p_lo + ((2 * ks * kCoreBytes) >> 4), kPSbo);
           if (ks == 0) {
             wgmma_m64n16k32_e4m3_rs<false>(pv[mb], va[mb][0], desc);
           } else {

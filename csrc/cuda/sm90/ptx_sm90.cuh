@@ -31,10 +31,13 @@ namespace sm90 {
 // in K, `sbo` between core matrices adjacent in M/N. Bits: 0-13 start address
 // >> 4, 16-29 lbo >> 4, 32-45 sbo >> 4, 62-63 swizzle mode (0: none).
 // ---------------------------------------------------------------------------
-__device__ __forceinline__ uint64_t smem_desc_noswizzle(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((smem_addr >> 4) & 0x3FFFu) |
-         (static_cast<uint64_t>((lbo >> 4) & 0x3FFFu) << 16) |
-         (static_cast<uint64_t>((sbo >> 4) & 0x3FFFu) << 32);
+// Kept as two 32-bit words so that stepping the start address is one 32-bit
+// add (shared-memory addresses < 256 KB never carry out of the 14 bits).
+__device__ __forceinline__ uint32_t smem_desc_lo(uint32_t smem_addr, uint32_t lbo) {
+  return ((smem_addr >> 4) & 0x3FFFu) | (((lbo >> 4) & 0x3FFFu) << 16);
+}
+__device__ __forceinline__ uint64_t smem_desc(uint32_t lo, uint32_t sbo) {
+  return (static_cast<uint64_t>((sbo >> 4) & 0x3FFFu) << 32) | lo;
 }
 
 // ---------------------------------------------------------------------------
