@@ -132,25 +132,36 @@ __device__ __forceinline__ int brev3(int x) { return ((x & 1) << 2) | (x & 2) | 
 // kPairOrder (MXFP4): the decoded tile holds each 8-dim
 // group whose dims are not a ninth-k-step group (dim % 144 < 128) in pair
 // order (position 2p = dim p, 2p + 1 = dim p + 4), so columns 2c, 2c+1 of such
-// a group are dims c, c + 4.
+// a group are dims c, c + 4 (regrouped by shuffles before the store).
 template <bool kPairedDims, typename OutT, bool kPairOrder = false>
 __device__ __forceinline__ void store_row(const float (&o)[kVTiles][4], int half, float scale, OutT* dst, int warp,
                                           int c) {
   const int r0 = 2 * half;
   if constexpr (kPairOrder) {
+    // In a pair-order group thread c holds dims c and c + 4; four shuffles
+    // among the group's 4 lanes give it dims 2c and 2c + 1 instead, so every
+    // store covers whole 32-byte sectors (scalar stores of dims c, c + 4 made
+    // split-heavy shapes ~2 us slower, docs/performance.md v21).
+    const int lane_base = (threadIdx.x % 32) & ~3;
+    const int src0 = (2 * c) & 3, src1 = (2 * c + 1) & 3;
 #pragma unroll
     for (int j = 0; j < kVTiles; ++j) {
       const int base = kVDimsPerWarp * warp + 8 * j;
-      const bool natural = base % (kKStepsPerWarp * 16) >= (kKStepsPerWarp - 1) * 16;
-      const int d0 = natural ? base + 2 * c : base + c;
-      const int d1 = natural ? base + 2 * c + 1 : base + c + 4;
-      const float v0 = o[j][r0] * scale, v1 = o[j][r0 + 1] * scale;
+      const bool natural = base % (kKStepsPerWarp * 16) >= (kKStepsPerWarp - 1) * 16;  // warp-uniform
+      float v0 = o[j][r0] * scale, v1 = o[j][r0 + 1] * scale;
+      if (!natural) {
+        const float x0 = __shfl_sync(0xffffffffu, v0, lane_base | src0);
+        const float y0 = __shfl_sync(0xffffffffu, v1, lane_base | src0);
+        const float x1 = __shfl_sync(0xffffffffu, v0, lane_base | src1);
+        const float y1 = __shfl_sync(0xffffffffu, v1, lane_base | src1);
+        v0 = c < 2 ? x0 : y0;
+        v1 = c < 2 ? x1 : y1;
+      }
+      const int dim = base + 2 * c;
       if constexpr (sizeof(OutT) == 2) {
-        dst[d0] = __float2bfloat16_rn(v0);
-        dst[d1] = __float2bfloat16_rn(v1);
+        *reinterpret_cast<__nv_bfloat162*>(dst + dim) = __floats2bfloat162_rn(v0, v1);
       } else {
-        dst[d0] = v0;
-        dst[d1] = v1;
+        *reinterpret_cast<float2*>(dst + dim) = make_float2(v0, v1);
       }
     }
   } else if constexpr (kPairedDims) {
