@@ -54,6 +54,23 @@ constexpr int kBlockNWgmma = 64;  // tokens per stage of the Hopper fp8 kernel (
 // its launcher. Its splits are multiples of kBlockNWgmma tokens.
 bool fp8_uses_wgmma(const MlaDecodeParams& p);
 cudaError_t launch_fp8_wgmma(const DecodeLaunch& args, cudaStream_t stream);
+
+// Raises `kernel`'s dynamic shared-memory limit to `bytes` on the current
+// device. The opt-in is per device, so each kernel keeps a bitmask of the
+// devices it has set (`configured`, a function-local static of the caller)
+// and the driver is asked once per device. (AMD needs no opt-in below 64 KB.)
+template <typename Kernel>
+inline cudaError_t opt_in_dynamic_smem(Kernel kernel, int bytes, unsigned long long& configured) {
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev < 64 && !(__atomic_load_n(&configured, __ATOMIC_ACQUIRE) & (1ull << dev))) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (err != cudaSuccess) return err;
+    __atomic_fetch_or(&configured, 1ull << dev, __ATOMIC_ACQ_REL);
+  }
+  return cudaSuccess;
+}
 #endif
 
 }  // namespace cuda

@@ -775,16 +775,9 @@ cudaError_t launch_split_kernel(const DecodeLaunch& args, cudaStream_t stream) {
   }
   constexpr int kSmem = SmemLayout<F>::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
-  // The dynamic shared-memory opt-in is per device; remember which devices have it.
   static unsigned long long configured_devices = 0;
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
+  const cudaError_t err = opt_in_dynamic_smem(mla_decode_split_kernel<F>, kSmem, configured_devices);
   if (err != cudaSuccess) return err;
-  if (dev < 64 && !(__atomic_load_n(&configured_devices, __ATOMIC_ACQUIRE) & (1ull << dev))) {
-    err = cudaFuncSetAttribute(mla_decode_split_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (err != cudaSuccess) return err;
-    __atomic_fetch_or(&configured_devices, 1ull << dev, __ATOMIC_ACQ_REL);
-  }
   const dim3 grid(static_cast<unsigned>(args.p.total_q) * args.head_groups, args.num_splits);
   mla_decode_split_kernel<F><<<grid, kThreads, kSmem, stream>>>(args);
   return cudaGetLastError();

@@ -62,14 +62,8 @@ cudaError_t launch_fp8_wgmma(const DecodeLaunch& args, cudaStream_t stream) {
   constexpr int kSmem = sm90::Smem::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
   static unsigned long long configured_devices = 0;
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
+  const cudaError_t err = opt_in_dynamic_smem(sm90::decode_fp8_wgmma_kernel, kSmem, configured_devices);
   if (err != cudaSuccess) return err;
-  if (dev < 64 && !(__atomic_load_n(&configured_devices, __ATOMIC_ACQUIRE) & (1ull << dev))) {
-    err = cudaFuncSetAttribute(sm90::decode_fp8_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (err != cudaSuccess) return err;
-    __atomic_fetch_or(&configured_devices, 1ull << dev, __ATOMIC_ACQ_REL);
-  }
   const dim3 grid(static_cast<unsigned>(args.p.total_q) * args.head_groups, args.num_splits);
   sm90::decode_fp8_wgmma_kernel<<<grid, sm90::kThreads, kSmem, stream>>>(args);
   return cudaGetLastError();
