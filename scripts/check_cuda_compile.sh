@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Compiles every CUDA translation unit for sm_90a with nvcc alone (no GPU and
-# no CUDA torch needed: the kernel sources include no ATen), so broken device
-# code cannot land. Prints each TU's register / spill report.
+# Compiles every CUDA translation unit with nvcc alone (no GPU and no CUDA
+# torch needed: the kernel sources include no ATen) for each arch of setup.py's
+# default TORCH_CUDA_ARCH_LIST (sm_80 and sm_90a, with the Hopper kernel
+# enabled), so broken device code cannot land. Prints each TU's register /
+# spill report. ARCH="..." compiles for that gencode list only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
@@ -9,18 +11,26 @@ if [ ! -x "$NVCC" ]; then
   echo "check_cuda_compile: nvcc not found (set NVCC=/path/to/nvcc); CUDA compile check NOT run"
   exit "${MLA_DECODE_REQUIRE_NVCC:-0}"
 fi
-ARCH=${ARCH:-"-gencode=arch=compute_90a,code=sm_90a -DMLA_DECODE_SM90A"}
+if [ -n "${ARCH:-}" ]; then
+  ARCHS=("$ARCH")
+else
+  ARCHS=("-gencode=arch=compute_80,code=sm_80" "-gencode=arch=compute_90a,code=sm_90a -DMLA_DECODE_SM90A")
+fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 status=0
-for cu in csrc/cuda/*.cu csrc/cuda/sm90/*.cu; do
-  if "$NVCC" -std=c++17 -O3 --expt-relaxed-constexpr --use_fast_math $ARCH -Xptxas=-v,-warn-spills \
-      -c "$cu" -o "$tmp/$(basename "$cu").o" > "$tmp/log" 2>&1; then
-    regs=$(grep -E "Used [0-9]+ registers" "$tmp/log" | sed -E 's/.*Used ([0-9]+) registers.*/\1/' | sort -n | tail -1)
-    spills=$(grep -Eo "[0-9]+ bytes spill stores" "$tmp/log" | sort -n | tail -1)
-    echo "ok   $cu (max registers ${regs:-?}, ${spills:-0 bytes spill stores})"
-  else
-    echo "FAIL $cu"; cat "$tmp/log"; status=1
-  fi
+for arch in "${ARCHS[@]}"; do
+  label=$(echo "$arch" | sed -E 's/.*code=(sm_[0-9a]+).*/\1/')
+  for cu in csrc/cuda/*.cu csrc/cuda/sm90/*.cu; do
+    # shellcheck disable=SC2086  # $arch is a list of flags
+    if "$NVCC" -std=c++17 -O3 --expt-relaxed-constexpr --use_fast_math $arch -Xptxas=-v,-warn-spills \
+        -c "$cu" -o "$tmp/$(basename "$cu").o" > "$tmp/log" 2>&1; then
+      regs=$(grep -E "Used [0-9]+ registers" "$tmp/log" | sed -E 's/.*Used ([0-9]+) registers.*/\1/' | sort -n | tail -1)
+      spills=$(grep -Eo "[0-9]+ bytes spill stores" "$tmp/log" | sort -n | tail -1)
+      echo "ok   $label $cu (max registers ${regs:-?}, ${spills:-0 bytes spill stores})"
+    else
+      echo "FAIL $label $cu"; cat "$tmp/log"; status=1
+    fi
+  done
 done
 exit $status

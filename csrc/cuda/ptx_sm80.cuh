@@ -51,11 +51,18 @@ __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[
 }
 
 // Two OCP e4m3 codes (low byte -> low half) to f16x2, exactly, in one
-// instruction (sm_89+): the codes in the low (HalfSel 0) or high (HalfSel 1)
+// instruction on sm_89+: the codes in the low (HalfSel 0) or high (HalfSel 1)
 // 16 bits of `codes`. The high half is read in place (F2FP's .H1 operand), so
-// no shift is spent on it.
+// no shift is spent on it. sm_80 / sm_86 have no e4m3 conversion: there the
+// scalar decoder does it (every e4m3 value, NaN included, is exact in f16).
 template <int HalfSel = 0>
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t codes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+  const uint32_t pair = HalfSel ? codes >> 16 : codes;
+  const __half2 h = __floats2half2_rn(e4m3fn_to_float(static_cast<uint8_t>(pair & 0xFFu)),
+                                      e4m3fn_to_float(static_cast<uint8_t>((pair >> 8) & 0xFFu)));
+  return *reinterpret_cast<const uint32_t*>(&h);
+#else
   uint32_t d;
   if constexpr (HalfSel == 0) {
     asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}\n" : "=r"(d) : "r"(codes));
@@ -63,6 +70,7 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t codes) {
     asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}\n" : "=r"(d) : "r"(codes));
   }
   return d;
+#endif
 }
 
 // Four transposed 8x8 b16 matrices: lane l supplies the row address of
