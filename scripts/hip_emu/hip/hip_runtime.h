@@ -303,31 +303,44 @@ inline double bf16_to_double(short h) {
   return f;
 }
 
-inline f32x4 mfma_f32_16x16x16bf16_1k(bf16x4 a, bf16x4 b, f32x4 c, int cbsz, int abid, int blgp) {
+// One 16x16xK MFMA of a wave, in double precision: every lane publishes its
+// A and B operands (`Operands`, one register each of kPerLane elements), then
+// lane l computes D[i][j] = C + sum_k A[i][k] B[k][j] for its four elements
+// i = 4 (l / 16) + r, j = l % 16. A[i][k] is element k % kPerLane of lane
+// i + 16 (k / kPerLane)'s A register, B[k][j] of lane j + 16 (k / kPerLane)'s
+// B register; `element(reg, e)` decodes element e of a register to double.
+template <int kK, int kPerLane, typename Operands, typename Element>
+inline f32x4 mfma_16x16(const Operands& mine, f32x4 c, int cbsz, int abid, int blgp, Element element) {
+  static_assert(sizeof(Operands) <= sizeof(std::array<uint64_t, 4>), "operands fit the 32-byte exchange slot");
   if (cbsz != 0 || abid != 0 || blgp != 0) {
     fprintf(stderr, "hip_emu: MFMA broadcast modifiers are not emulated\n");
     abort();
   }
   State& s = state();
-  struct AB { bf16x4 a, b; } mine{a, b};
-  static_assert(sizeof(AB) == 16, "AB");
-  memcpy(s.xfer[s.cur].data(), &mine, sizeof(AB));
+  memcpy(s.xfer[s.cur].data(), &mine, sizeof(Operands));
   wave_barrier();
   const int l = lane_id(), base = wave_id() * kWave;
   f32x4 d;
   for (int r = 0; r < 4; ++r) {
     const int i = 4 * (l / 16) + r, j = l % 16;
     double acc = c[r];
-    for (int k = 0; k < 16; ++k) {
-      AB la, lb;
-      memcpy(&la, s.xfer[base + i + 16 * (k / 4)].data(), sizeof(AB));
-      memcpy(&lb, s.xfer[base + j + 16 * (k / 4)].data(), sizeof(AB));
-      acc += bf16_to_double(la.a[k % 4]) * bf16_to_double(lb.b[k % 4]);
+    for (int k = 0; k < kK; ++k) {
+      Operands la, lb;
+      memcpy(&la, s.xfer[base + i + 16 * (k / kPerLane)].data(), sizeof(Operands));
+      memcpy(&lb, s.xfer[base + j + 16 * (k / kPerLane)].data(), sizeof(Operands));
+      acc += element(la.a, k % kPerLane) * element(lb.b, k % kPerLane);
     }
     d[r] = static_cast<float>(acc);
   }
   wave_barrier();
   return d;
+}
+
+// v_mfma_f32_16x16x16bf16_1k: A, B are 4 bf16 per lane.
+inline f32x4 mfma_f32_16x16x16bf16_1k(bf16x4 a, bf16x4 b, f32x4 c, int cbsz, int abid, int blgp) {
+  struct AB { bf16x4 a, b; };
+  return mfma_16x16<16, 4>(AB{a, b}, c, cbsz, abid, blgp,
+                           [](const bf16x4& v, int e) { return bf16_to_double(v[e]); });
 }
 
 inline float fp8_decode(uint32_t v) {
@@ -348,30 +361,9 @@ inline float fp8_decode(uint32_t v) {
 // A[i][k] = byte k % 8 of lane i + 16 (k / 8), B[k][j] = byte k % 8 of lane
 // j + 16 (k / 8), D[i][j] = element i % 4 of lane j + 16 (i / 4).
 inline f32x4 mfma_f32_16x16x32_fp8_fp8(long a, long b, f32x4 c, int cbsz, int abid, int blgp) {
-  if (cbsz != 0 || abid != 0 || blgp != 0) {
-    fprintf(stderr, "hip_emu: MFMA broadcast modifiers are not emulated\n");
-    abort();
-  }
-  State& s = state();
-  struct AB { uint64_t a, b; } mine{static_cast<uint64_t>(a), static_cast<uint64_t>(b)};
-  memcpy(s.xfer[s.cur].data(), &mine, sizeof(AB));
-  wave_barrier();
-  const int l = lane_id(), base = wave_id() * kWave;
-  f32x4 d;
-  for (int r = 0; r < 4; ++r) {
-    const int i = 4 * (l / 16) + r, j = l % 16;
-    double acc = c[r];
-    for (int k = 0; k < 32; ++k) {
-      AB la, lb;
-      memcpy(&la, s.xfer[base + i + 16 * (k / 8)].data(), sizeof(AB));
-      memcpy(&lb, s.xfer[base + j + 16 * (k / 8)].data(), sizeof(AB));
-      const uint32_t ca = (la.a >> (8 * (k % 8))) & 0xff, cb = (lb.b >> (8 * (k % 8))) & 0xff;
-      acc += static_cast<double>(fp8_decode(ca)) * static_cast<double>(fp8_decode(cb));
-    }
-    d[r] = static_cast<float>(acc);
-  }
-  wave_barrier();
-  return d;
+  struct AB { uint64_t a, b; };
+  return mfma_16x16<32, 8>(AB{static_cast<uint64_t>(a), static_cast<uint64_t>(b)}, c, cbsz, abid, blgp,
+                           [](uint64_t v, int e) { return static_cast<double>(fp8_decode((v >> (8 * e)) & 0xff)); });
 }
 
 inline f32x2 cvt_pk_f32_fp8(int src, bool word_sel) {
