@@ -791,61 +791,39 @@ __global__ void __launch_bounds__(kThreads) mla_decode_split_kernel_mfma(const D
     inv = MLA_NAN;
     lse = MLA_NAN;
   }
-  if constexpr (kF8) {
-    // o[i][r] is dim 128 wave + 8 (4g + r) + i = 128 wave + 32 g + 8 r + i of head h.
-    if (args.num_splits == 1) {
-      uint32_t* d32 = reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.out) + static_cast<int64_t>(t) * p.out_stride_token +
-                                                  static_cast<int64_t>(h) * p.out_stride_head + kVDimsPerWave * wave + 32 * g);
+  // Dims of this thread in groups of 4 consecutive ones: o[a + 0..3][r] (a = 0, 4;
+  // r < 4) starts at dim 128 wave + off, with
+  //   kF8 (fp8 MFMA layout):  o[i][r] is dim 128 wave + 32 g + 8 r + i, so off = 32 g + 8 r + a;
+  //   bf16 MFMA layout:       o[4q + i][r] is dim 128 wave + 64 q + 16 g + 4 r + i, so
+  //                           off = 16 g + 64 (a / 4) + 4 r.
+  const int64_t row = static_cast<int64_t>(t) * p.num_heads + h;
+  const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
+  uint16_t* out_row = static_cast<uint16_t*>(p.out) + static_cast<int64_t>(t) * p.out_stride_token +
+                      static_cast<int64_t>(h) * p.out_stride_head + kVDimsPerWave * wave;
+  float* partial_row = args.num_splits == 1 ? nullptr
+                                            : args.partial_out + (static_cast<int64_t>(split) * rows + row) * kHeadDimV +
+                                                  kVDimsPerWave * wave;
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
+  for (int a = 0; a < 8; a += 4) {
 #pragma unroll
-        for (int i = 0; i < 8; i += 2) d32[(8 * r + i) / 2] = mla_pack_bf16x2(o[i][r] * inv, o[i + 1][r] * inv);
+    for (int r = 0; r < 4; ++r) {
+      const int off = kF8 ? 32 * g + 8 * r + a : 16 * g + 64 * (a / 4) + 4 * r;
+      const float v0 = o[a][r] * inv, v1 = o[a + 1][r] * inv, v2 = o[a + 2][r] * inv, v3 = o[a + 3][r] * inv;
+      if (args.num_splits == 1) {
+        uint32_t* d32 = reinterpret_cast<uint32_t*>(out_row + off);
+        d32[0] = mla_pack_bf16x2(v0, v1);
+        d32[1] = mla_pack_bf16x2(v2, v3);
+      } else {
+        *reinterpret_cast<f32x4_t*>(partial_row + off) = f32x4_t{v0, v1, v2, v3};
       }
-      if (wave == 0 && g == 0) {
-        p.lse[static_cast<int64_t>(t) * p.lse_stride_token + static_cast<int64_t>(h) * p.lse_stride_head] = lse;
-      }
-    } else {
-      const int64_t row = static_cast<int64_t>(t) * p.num_heads + h;
-      const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
-      float* dst = args.partial_out + (static_cast<int64_t>(split) * rows + row) * kHeadDimV + kVDimsPerWave * wave + 32 * g;
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        *reinterpret_cast<f32x4_t*>(dst + 8 * r) = f32x4_t{o[0][r] * inv, o[1][r] * inv, o[2][r] * inv, o[3][r] * inv};
-        *reinterpret_cast<f32x4_t*>(dst + 8 * r + 4) = f32x4_t{o[4][r] * inv, o[5][r] * inv, o[6][r] * inv, o[7][r] * inv};
-      }
-      if (wave == 0 && g == 0) args.partial_lse[static_cast<int64_t>(split) * rows + row] = lse;
     }
-    return;
   }
-  // o[4q + i][r] is dim 128 wave + 64 q + 16 g + 4 r + i of head h.
-  if (args.num_splits == 1) {
-    uint16_t* dst = static_cast<uint16_t*>(p.out) + static_cast<int64_t>(t) * p.out_stride_token +
-                    static_cast<int64_t>(h) * p.out_stride_head + kVDimsPerWave * wave + 16 * g;
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        uint32_t* d32 = reinterpret_cast<uint32_t*>(dst + 64 * q + 4 * r);
-        d32[0] = mla_pack_bf16x2(o[4 * q + 0][r] * inv, o[4 * q + 1][r] * inv);
-        d32[1] = mla_pack_bf16x2(o[4 * q + 2][r] * inv, o[4 * q + 3][r] * inv);
-      }
-    }
-    if (wave == 0 && g == 0) {
+  if (wave == 0 && g == 0) {
+    if (args.num_splits == 1) {
       p.lse[static_cast<int64_t>(t) * p.lse_stride_token + static_cast<int64_t>(h) * p.lse_stride_head] = lse;
+    } else {
+      args.partial_lse[static_cast<int64_t>(split) * rows + row] = lse;
     }
-  } else {
-    const int64_t row = static_cast<int64_t>(t) * p.num_heads + h;
-    const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
-    float* dst = args.partial_out + (static_cast<int64_t>(split) * rows + row) * kHeadDimV + kVDimsPerWave * wave + 16 * g;
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        *reinterpret_cast<f32x4_t*>(dst + 64 * q + 4 * r) =
-            f32x4_t{o[4 * q + 0][r] * inv, o[4 * q + 1][r] * inv, o[4 * q + 2][r] * inv, o[4 * q + 3][r] * inv};
-      }
-    }
-    if (wave == 0 && g == 0) args.partial_lse[static_cast<int64_t>(split) * rows + row] = lse;
   }
 }
 
