@@ -62,6 +62,7 @@ def _import_mla_decode():
 
 
 mla_decode = _import_mla_decode()
+from mla_decode.timing import L2Flusher, time_protocol  # noqa: E402
 
 from mla_decode.inputs import generate_input  # noqa: E402
 
@@ -183,46 +184,6 @@ def geomean(vals):
 # --------------------------------------------------------------------------------------
 # Timers
 # --------------------------------------------------------------------------------------
-
-class L2Flusher:
-    """Writes a buffer much larger than L2 before each timed call (competition protocol)."""
-
-    def __init__(self, device: torch.device, nbytes: int):
-        self.device = device
-        self.nbytes = nbytes if device.type == "cuda" else 0
-        self.buf = torch.empty(self.nbytes, dtype=torch.int8, device=device) if self.nbytes else None
-
-    def flush(self):
-        if self.buf is not None:
-            self.buf.zero_()
-
-
-def time_protocol(fn, n_iters: int, n_warmup: int, flusher: L2Flusher, device: torch.device):
-    """Competition protocol: per call sync, flush, event, fn(i), event, sync.  Returns us list.
-
-    On the CPU: perf_counter around fn(i), no flush.
-    """
-    for i in range(n_warmup):
-        fn(i)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_iters)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_iters)]
-        for i in range(n_iters):
-            torch.cuda.synchronize()
-            flusher.flush()
-            starts[i].record()
-            fn(i)
-            ends[i].record()
-            torch.cuda.synchronize()
-        return [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
-    out = []
-    for i in range(n_iters):
-        t0 = time.perf_counter()
-        fn(i)
-        out.append((time.perf_counter() - t0) * 1e6)
-    return out
-
 
 def time_graph(calls, device: torch.device, target_s: float, windows: int, min_calls_per_graph: int):
     """Device time per call by CUDA-graph replay.

@@ -16,29 +16,15 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import torch
 
 
 def _time_call(fn, device, iters):
-    if device.type == "cuda":
-        flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device=device)
-        times = []
-        for _ in range(iters):
-            torch.cuda.synchronize()
-            flush.zero_()  # evict the cache (L2 is 60 MB on an H200) as the competition does
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)
-        return sum(times) / len(times)
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - t0) / iters * 1e6
+    """Mean microseconds per call under the competition protocol (mla_decode.timing)."""
+    from mla_decode.timing import L2Flusher, time_protocol
+    times = time_protocol(lambda i: fn(), iters, 0, L2Flusher(device), device)
+    return sum(times) / len(times)
 
 
 def demo(args) -> int:

@@ -7,6 +7,7 @@ import torch
 
 import mla_decode  # noqa: F401
 from mla_decode.inputs import generate_input
+from mla_decode.timing import L2Flusher, time_protocol
 
 args = sys.argv[1:]
 shape_arg = None
@@ -15,7 +16,8 @@ if "--shapes" in args:
     shape_arg = args[i + 1]
     del args[i:i + 2]
 fmts = args or ["bf16", "fp8"]
-flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+dev = torch.device("cuda")
+flusher = L2Flusher(dev)
 shapes = [(4, 1024), (4, 8192), (32, 1024), (64, 1024), (32, 8192), (256, 1024)]
 if shape_arg:
     shapes = [tuple(int(x) for x in sh.split(":")) for sh in shape_arg.split(",")]
@@ -28,18 +30,7 @@ for fmt in fmts:
             if ns * 32 > kv:
                 continue
             call = lambda: torch.ops.mla_decode.decode(q, cache, scale, qo, kvp, None, None, None, 1, cfg["sm_scale"], ns)
-            for _ in range(3):
-                call()
-            ts = []
-            for _ in range(20):
-                torch.cuda.synchronize()
-                flush.zero_()
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                call()
-                e.record()
-                torch.cuda.synchronize()
-                ts.append(s.elapsed_time(e) * 1e3)
+            ts = time_protocol(lambda i: call(), 20, 3, flusher, dev)
             ts.sort()
             res.append(f"{ns}:{sum(ts[2:-2]) / len(ts[2:-2]):.1f}")
         print(fmt, b, kv, " ".join(res), flush=True)
