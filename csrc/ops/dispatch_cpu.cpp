@@ -22,24 +22,10 @@ void decode_out_cpu(const at::Tensor& q, const at::Tensor& kv_cache, const c10::
   decode_cpu(p);
 }
 
-std::tuple<at::Tensor, at::Tensor> decode_cpu_op(const at::Tensor& q, const at::Tensor& kv_cache,
-                                                 const c10::optional<at::Tensor>& kv_scale,
-                                                 const at::Tensor& qo_indptr,
-                                                 const c10::optional<at::Tensor>& kv_indptr,
-                                                 const c10::optional<at::Tensor>& kv_indices,
-                                                 const c10::optional<at::Tensor>& block_table,
-                                                 const c10::optional<at::Tensor>& kv_lens, int64_t page_size,
-                                                 double sm_scale, int64_t num_splits) {
-  auto [out, lse] = allocate_outputs(q);
-  decode_out_cpu(q, kv_cache, kv_scale, qo_indptr, kv_indptr, kv_indices, block_table, kv_lens, page_size, sm_scale,
-                 num_splits, out, lse);
-  return {out, lse};
-}
-
 }  // namespace
 }  // namespace mla_decode
 
 TORCH_LIBRARY_IMPL(mla_decode, CPU, m) {
-  m.impl("decode", &mla_decode::decode_cpu_op);
+  m.impl("decode", &mla_decode::decode_functional<&mla_decode::decode_out_cpu>);
   m.impl("decode_out", &mla_decode::decode_out_cpu);
 }

@@ -35,24 +35,10 @@ void decode_out_cuda(const at::Tensor& q, const at::Tensor& kv_cache, const c10:
               p.num_heads, " heads, ", plan.num_splits, " splits).");
 }
 
-std::tuple<at::Tensor, at::Tensor> decode_cuda_op(const at::Tensor& q, const at::Tensor& kv_cache,
-                                                  const c10::optional<at::Tensor>& kv_scale,
-                                                  const at::Tensor& qo_indptr,
-                                                  const c10::optional<at::Tensor>& kv_indptr,
-                                                  const c10::optional<at::Tensor>& kv_indices,
-                                                  const c10::optional<at::Tensor>& block_table,
-                                                  const c10::optional<at::Tensor>& kv_lens, int64_t page_size,
-                                                  double sm_scale, int64_t num_splits) {
-  auto [out, lse] = allocate_outputs(q);
-  decode_out_cuda(q, kv_cache, kv_scale, qo_indptr, kv_indptr, kv_indices, block_table, kv_lens, page_size,
-                  sm_scale, num_splits, out, lse);
-  return {out, lse};
-}
-
 }  // namespace
 }  // namespace mla_decode
 
 TORCH_LIBRARY_IMPL(mla_decode, CUDA, m) {
-  m.impl("decode", &mla_decode::decode_cuda_op);
+  m.impl("decode", &mla_decode::decode_functional<&mla_decode::decode_out_cuda>);
   m.impl("decode_out", &mla_decode::decode_out_cuda);
 }

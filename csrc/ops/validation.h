@@ -15,6 +15,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
 
+#include <tuple>
 #include <utility>
 
 #include "../mla_decode/params.h"
@@ -46,5 +47,29 @@ void check_index_values(const DecodeInputs& in, const MlaDecodeParams& params);
 
 // "float8_e4m3fn" etc., for messages.
 const char* format_name(KvFormat f);
+
+// The operator signature of `decode_out` (the schema in schema.cpp).
+using DecodeOutFn = void (*)(const at::Tensor& q, const at::Tensor& kv_cache,
+                             const c10::optional<at::Tensor>& kv_scale, const at::Tensor& qo_indptr,
+                             const c10::optional<at::Tensor>& kv_indptr, const c10::optional<at::Tensor>& kv_indices,
+                             const c10::optional<at::Tensor>& block_table, const c10::optional<at::Tensor>& kv_lens,
+                             int64_t page_size, double sm_scale, int64_t num_splits, at::Tensor& out, at::Tensor& lse);
+
+// The functional `decode` op of a backend, from its `decode_out`: allocates
+// (out, lse) and fills them.
+template <DecodeOutFn kDecodeOut>
+std::tuple<at::Tensor, at::Tensor> decode_functional(const at::Tensor& q, const at::Tensor& kv_cache,
+                                                     const c10::optional<at::Tensor>& kv_scale,
+                                                     const at::Tensor& qo_indptr,
+                                                     const c10::optional<at::Tensor>& kv_indptr,
+                                                     const c10::optional<at::Tensor>& kv_indices,
+                                                     const c10::optional<at::Tensor>& block_table,
+                                                     const c10::optional<at::Tensor>& kv_lens, int64_t page_size,
+                                                     double sm_scale, int64_t num_splits) {
+  auto [out, lse] = allocate_outputs(q);
+  kDecodeOut(q, kv_cache, kv_scale, qo_indptr, kv_indptr, kv_indices, block_table, kv_lens, page_size, sm_scale,
+             num_splits, out, lse);
+  return {out, lse};
+}
 
 }  // namespace mla_decode
