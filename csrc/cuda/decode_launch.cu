@@ -138,13 +138,30 @@ SplitPlan plan_splits(const MlaDecodeParams& p, int num_sms, int requested_split
 #if MLA_PLATFORM_HIP
   const bool one_cta_per_sm = false;
 #else
-  const bool one_cta_per_sm = fp8_uses_wgmma(p);  // the Hopper fp8 kernel: 8 warps, 176 KB
+  const bool one_cta_per_sm = fp8_uses_wgmma(p);  // the Hopper fp8 kernel: 8 warps, 212 KB
 #endif
   // Two CTAs per SM fit in shared memory (mma.sync and MFMA kernels).
   const int64_t slots = static_cast<int64_t>(num_sms) * (one_cta_per_sm ? 1 : 2);
   int64_t splits = (slots + tiles / 2) / tiles;              // round to the nearest whole wave
   const int tile_tokens = one_cta_per_sm ? kBlockNWgmma : kBlockN;
-  splits = std::min<int64_t>(splits, std::max<int64_t>(1, est_len / tile_tokens));
+  const int64_t max_tiles = std::max<int64_t>(1, est_len / tile_tokens);
+  splits = std::min<int64_t>(splits, max_tiles);
+#if !MLA_PLATFORM_HIP
+  // OCP fp8 on the mma.sync kernel, one head group (H <= 16): its tiles are
+  // cheap, so when a wave of two CTAs per SM leaves a split at most 4 tiles,
+  // the per-CTA fixed costs (lookups, Q, prologue, one more partial to write
+  // and combine) outweigh the second CTA, and a wave of one CTA per SM is
+  // faster. Measured on the H200 with forced split counts
+  // (docs/perf_runs/run39-split-sweep.txt): B=32, kv=1024 takes 21.4 us with
+  // 4 splits against 24.0 with the 8 of the two-per-SM wave; bf16 and MXFP4
+  // are faster with 8 (25.0 / 25.4 us against 26.5 / 26.5), and no other
+  // competition shape's plan changes (B=4 stays at the 32-split cap). Not
+  // measured at H > 16, so not applied there.
+  if (p.format == KvFormat::kFp8E4M3FN && !one_cta_per_sm && plan.head_groups == 1 && splits > 1 &&
+      max_tiles / splits <= 4) {
+    splits = std::min<int64_t>((static_cast<int64_t>(num_sms) + tiles / 2) / tiles, max_tiles);
+  }
+#endif
   // At most kMaxPlannedSplits (decode_common.h). NVIDIA, 32: beyond that the
   // combine (one row per block, reading every split's 2 KB partial) costs
   // more than the extra CTAs save. Measured on the H200
