@@ -128,6 +128,7 @@
 #include "../mla_decode/params.h"
 #include "../mla_decode/portability.h"
 #include "decode_common.h"
+#include "decode_work.cuh"
 
 #if defined(__HIP_DEVICE_COMPILE__) && !defined(MLA_HAS_MFMA)
 #error "mla_decode: the HIP kernels need bf16 MFMA and wave64 (CDNA2/3/4: gfx90a, gfx942, gfx950); set PYTORCH_ROCM_ARCH to those."
@@ -242,8 +243,6 @@ struct Fmt {
 };
 // MXFP4: a 16-byte chunk is 32 codes = exactly one E8M0 block.
 static_assert(Fmt<KvFormat::kMxfp4>::kElemsPerChunk == kMxBlock, "one MX block per chunk");
-
-__device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 __device__ __forceinline__ float fast_exp2(float x) {
 #if __has_builtin(__builtin_amdgcn_exp2f)
@@ -459,28 +458,11 @@ __global__ void __launch_bounds__(kThreads) mla_decode_split_kernel_mfma(const D
   const int col = lane & 15;  // MFMA column / A-row index of this lane
   const int g = lane >> 4;    // MFMA k group (k = 4g..4g+3) / D row group
 
-  // ---- which query token, heads and KV range (as decode_kernel.cuh) ---------
-  const int t = blockIdx.x / args.head_groups;
-  const int h0 = (blockIdx.x % args.head_groups) * kTileRows;
-  const int split = blockIdx.y;
-  int b = 0;
-  {
-    int lo = 0, hi = p.batch - 1;  // largest b with qo_indptr[b] <= t
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (p.qo_indptr[mid] <= t) lo = mid; else hi = mid - 1;
-    }
-    b = lo;
-  }
-  const int q_begin = p.qo_indptr[b];
-  const int q_end = p.qo_indptr[b + 1];
-  // A token that no item owns (inconsistent qo_indptr) produces NaN, not garbage.
-  const bool orphan = t < q_begin || t >= q_end;
-  const int kv_len = orphan ? 0 : kv_length(p, b);
-  const int visible = orphan ? 0 : visible_keys(kv_len, q_end - q_begin, t - q_begin);
-  const int chunk = ceil_div(ceil_div(visible, args.num_splits), kBlockN) * kBlockN;
-  const int kv_begin = min(split * chunk, visible);
-  const int kv_end = min(kv_begin + chunk, visible);
+  // ---- which query token, heads and KV range (decode_work.cuh) ---------------
+  const WorkItem work = locate_work<kBlockN>(args);
+  const int t = work.t, h0 = work.h0, split = work.split, b = work.b;
+  const bool orphan = work.orphan;
+  const int kv_begin = work.kv_begin, kv_end = work.kv_end;
   const int n_tiles = ceil_div(kv_end - kv_begin, kBlockN);
 
   float scale_log2 = p.sm_scale * 1.4426950408889634f;  // log2(e)

@@ -1,7 +1,8 @@
-// Which rows and keys one CTA of an NVIDIA split kernel works on, shared by
-// the mma.sync kernel (decode_kernel.cuh) and the wgmma kernel
-// (sm90/decode_kernel_sm90.cuh). Grid: x = query token t * head_groups + head
-// group, y = KV split (decode_common.h states the contract).
+// Which rows and keys one CTA (workgroup) of a split kernel works on, shared
+// by the mma.sync kernel (decode_kernel.cuh), the wgmma kernel
+// (sm90/decode_kernel_sm90.cuh) and the MFMA kernel (decode_kernel_mfma.cuh).
+// Grid: x = query token t * head_groups + head group, y = KV split
+// (decode_common.h states the contract).
 #pragma once
 
 #include "../mla_decode/addressing.h"
