@@ -55,6 +55,23 @@ constexpr int kBlockNWgmma = 64;  // tokens per stage of the Hopper fp8 kernel (
 bool fp8_uses_wgmma(const MlaDecodeParams& p);
 cudaError_t launch_fp8_wgmma(const DecodeLaunch& args, cudaStream_t stream);
 
+// The compute capability of `dev` as 10 * major + minor in `cc`, queried once
+// per device and cached.
+inline cudaError_t device_compute_capability(int dev, int* cc) {
+  static int cached[64] = {0};
+  if (dev >= 0 && dev < 64 && cached[dev] != 0) {
+    *cc = cached[dev];
+    return cudaSuccess;
+  }
+  int major = 0, minor = 0;
+  cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (err != cudaSuccess) return err;
+  *cc = 10 * major + minor;
+  if (dev >= 0 && dev < 64) cached[dev] = *cc;
+  return cudaSuccess;
+}
+
 // Raises `kernel`'s dynamic shared-memory limit to `bytes` on the current
 // device. The opt-in is per device, so each kernel keeps a bitmask of the
 // devices it has set (`configured`, a function-local static of the caller)

@@ -214,15 +214,12 @@ cudaError_t launch_decode(const MlaDecodeParams& p, const SplitPlan& plan, void*
   // Programmatic dependent launch (sm_90+): the combine grid is launched while
   // the split kernel runs and waits for it in griddepcontrol.wait, which hides
   // the launch gap between the two kernels. Also valid inside CUDA graphs.
-  static int cc_major[64] = {0};
-  int dev = 0;
+  int dev = 0, cc = 0;
   err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
-  if (dev < 64 && cc_major[dev] == 0) {
-    err = cudaDeviceGetAttribute(&cc_major[dev], cudaDevAttrComputeCapabilityMajor, dev);
-    if (err != cudaSuccess) return err;
-  }
-  if (dev < 64 && cc_major[dev] >= 9) {
+  err = device_compute_capability(dev, &cc);
+  if (err != cudaSuccess) return err;
+  if (cc >= 90) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(blocks);
     cfg.blockDim = dim3(threads);

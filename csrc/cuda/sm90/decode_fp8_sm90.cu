@@ -13,22 +13,6 @@ namespace cuda {
 
 namespace {
 
-// Compute capability of `dev` as 10 * major + minor, cached per device
-// (0: unknown or the query failed).
-int device_cc(int dev) {
-  static int cc[64] = {0};
-  if (dev < 0 || dev >= 64) return 0;
-  if (cc[dev] == 0) {
-    int major = 0, minor = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-      return 0;
-    }
-    cc[dev] = 10 * major + minor;
-  }
-  return cc[dev];
-}
-
 // MLA_DECODE_FP8_KERNEL=wgmma opts in to the Hopper kernel; read once per
 // process. It is correct (the whole fp8 GPU suite passes on it) but, as of
 // session 4, slower than the mma.sync kernel on every benchmark shape
@@ -46,12 +30,12 @@ bool wgmma_requested_by_env() {
 bool fp8_uses_wgmma(const MlaDecodeParams& p) {
 #if defined(MLA_DECODE_SM90A)
   if (p.format != KvFormat::kFp8E4M3FN || !wgmma_requested_by_env()) return false;
-  // Bulk copies need 16-byte aligned rows.
+  // Its cp.async copies 16-byte chunks of each row.
   if (reinterpret_cast<uintptr_t>(p.kv) % 16 != 0 || p.kv_row_stride_bytes % 16 != 0) return false;
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  int dev = 0, cc = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || device_compute_capability(dev, &cc) != cudaSuccess) return false;
   // sm_90a machine code runs on compute capability 9.0 only.
-  return device_cc(dev) == 90;
+  return cc == 90;
 #else
   (void)p;
   return false;  // built without an sm_90a target (TORCH_CUDA_ARCH_LIST lacks 9.0a)
