@@ -40,8 +40,6 @@
 
 #include <math_constants.h>
 
-#include <type_traits>
-
 #include "../mla_decode/addressing.h"
 #include "../mla_decode/params.h"
 #include "decode_common.h"
@@ -753,13 +751,13 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
     if (args.num_splits == 1) {
       __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(p.out) + static_cast<int64_t>(t) * p.out_stride_token +
                            static_cast<int64_t>(h) * p.out_stride_head;
-      store_row<kPvRaw, std::remove_pointer_t<decltype(dst)>, kMx>(o, half, inv, dst, warp, c);
+      store_row<kPvRaw, __nv_bfloat16, kMx>(o, half, inv, dst, warp, c);
       if (warp == 0 && c == 0) p.lse[static_cast<int64_t>(t) * p.lse_stride_token + static_cast<int64_t>(h) * p.lse_stride_head] = lse;
     } else {
       const int64_t row = static_cast<int64_t>(t) * p.num_heads + h;
       const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
       float* dst = args.partial_out + (static_cast<int64_t>(split) * rows + row) * kHeadDimV;
-      store_row<kPvRaw, std::remove_pointer_t<decltype(dst)>, kMx>(o, half, inv, dst, warp, c);
+      store_row<kPvRaw, float, kMx>(o, half, inv, dst, warp, c);
       if (warp == 0 && c == 0) args.partial_lse[static_cast<int64_t>(split) * rows + row] = lse;
     }
   }
