@@ -169,6 +169,9 @@ def build_extension():
             nvcc_flags.append("-DMLA_DECODE_SM90A")
         if debug:
             nvcc_flags = ["-O0", "-g", "-lineinfo", "-std=c++17", "-DMLA_DECODE_WITH_CUDA"]
+        if env_flag("MLA_DECODE_TRACE"):
+            # Timeline probes (csrc/cuda/trace.cuh; scripts/trace_timeline.py): a measurement build only.
+            nvcc_flags.append("-DMLA_DECODE_TRACE")
         cxx = cxx_flags + ["-DMLA_DECODE_WITH_CUDA"]
     else:
         archs = check_rocm_archs()

@@ -45,6 +45,7 @@
 #include "decode_common.h"
 #include "decode_work.cuh"
 #include "ptx_sm80.cuh"
+#include "trace.cuh"
 
 namespace mla_decode {
 namespace cuda {
@@ -244,6 +245,8 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
   float* smem_l = smem_m + kTileRows;
 
   const MlaDecodeParams& p = args.p;
+  TraceProbe<6> trace;  // -DMLA_DECODE_TRACE only (trace.cuh)
+  trace.start((blockIdx.x == 0 || blockIdx.x == gridDim.x - 1) && (blockIdx.y == 0 || blockIdx.y == gridDim.y - 1));
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
@@ -251,6 +254,43 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
   const int c = lane & 3;
   const int dg = warp % kDimGroups;  // QK dim group
   const int tg = warp / kDimGroups;  // QK token group
+
+  // ---- Q: the global loads go out first --------------------------------------
+  // They depend on blockIdx only (the token and heads), so they are issued
+  // before the row lookup and the KV prologue: issued after those, they queued
+  // behind every CTA's burst of KV copies and Q arrived last (timeline probes,
+  // docs/performance.md v30: Q ready 2.4-5.8 us after the lookup at B = 4..64).
+  // The registers are arranged into mma fragments after the prologue.
+  // K-step kk < 8 of this warp pairs with kk ^ 1: one 16-byte (bf16),
+  // 8-byte (fp8) or 4-byte (MXFP4) shared-memory load gives thread c the dims
+  // base + 8c .. base + 8c + 7 (base = 144 dg + 32 (kk / 2)) for both k-steps,
+  // and Q is permuted to match:
+  //   bf16 / fp8: k-step 2m takes dims 8c + {0,1 | 2,3}, k-step 2m+1 8c + {4,5 | 6,7};
+  //   MXFP4 (E2M1 pairs p, p+4 of one 32-bit word): k-step 2m takes
+  //   8c + {0,4 | 1,5}, k-step 2m+1 8c + {2,6 | 3,7}.
+  // The ninth k-step (dims 144 dg + 128 ..) uses 4 dims per thread: 4c + {0,1 | 2,3}
+  // (MXFP4: 4c + {0,2 | 1,3}). ("a | b": the a0/a1 pair | the a2/a3 pair.)
+  // Rows of heads past num_heads read as zero; t < total_q always (grid), so
+  // the loads are in bounds even for an orphan token, whose rows become NaN.
+  uint4 q_raw_a[kKStepsPerWarp / 2], q_raw_b[kKStepsPerWarp / 2];  // heads g, g + 8: dims 32m + 8c ..
+  uint2 q_tail_a, q_tail_b;                                          // the ninth k-step
+  {
+    const int t_q = blockIdx.x / args.head_groups;
+    const int hA = (blockIdx.x % args.head_groups) * kTileRows + g, hB = hA + 8;
+    const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(p.q) + static_cast<int64_t>(t_q) * p.q_stride_token;
+    const __nv_bfloat16* qa = q + static_cast<int64_t>(hA) * p.q_stride_head;
+    const __nv_bfloat16* qb = q + static_cast<int64_t>(hB) * p.q_stride_head;
+    const bool va = hA < p.num_heads, vb = hB < p.num_heads;
+#pragma unroll
+    for (int m = 0; m < kKStepsPerWarp / 2; ++m) {
+      const int d = kKStepsPerWarp * 16 * dg + 32 * m + 8 * c;
+      q_raw_a[m] = va ? *reinterpret_cast<const uint4*>(qa + d) : make_uint4(0, 0, 0, 0);
+      q_raw_b[m] = vb ? *reinterpret_cast<const uint4*>(qb + d) : make_uint4(0, 0, 0, 0);
+    }
+    const int d = 16 * (kKStepsPerWarp * dg + kKStepsPerWarp - 1) + 4 * c;
+    q_tail_a = va ? *reinterpret_cast<const uint2*>(qa + d) : make_uint2(0, 0);
+    q_tail_b = vb ? *reinterpret_cast<const uint2*>(qb + d) : make_uint2(0, 0);
+  }
 
   // ---- which query token, heads and KV range ------------------------------
   const WorkItem work = locate_work<kBlockN>(args);
@@ -342,71 +382,51 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
     }
     cp_async_commit();
   }
+  trace.mark();  // 1: the row lookup's round trip is done (the copies needed its result)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Let the combine kernel (a programmatic dependent) start launching; it
   // waits for this grid's completion before reading any partial.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 
-  // ---- Q fragments (registers, whole kernel; loaded after the first KV
-  // tiles are in flight so the two latencies overlap) ---------------------
-  // K-step kk < 8 of this warp pairs with kk ^ 1: one 16-byte (bf16),
-  // 8-byte (fp8) or 4-byte (MXFP4) shared-memory load gives thread c the dims
-  // base + 8c .. base + 8c + 7 (base = 144 dg + 32 (kk / 2)) for both k-steps,
-  // and Q is permuted to match:
-  //   bf16 / fp8: k-step 2m takes dims 8c + {0,1 | 2,3}, k-step 2m+1 8c + {4,5 | 6,7};
-  //   MXFP4 (E2M1 pairs p, p+4 of one 32-bit word): k-step 2m takes
-  //   8c + {0,4 | 1,5}, k-step 2m+1 8c + {2,6 | 3,7}.
-  // The ninth k-step (dims 144 dg + 128 ..) uses 4 dims per thread: 4c + {0,1 | 2,3}
-  // (MXFP4: 4c + {0,2 | 1,3}). ("a | b": the a0/a1 pair | the a2/a3 pair.)
+  // ---- Q fragments (registers, whole kernel), from the loads issued above ----
   uint32_t qf[kKStepsPerWarp][4];
-  {
-    const int hA = h0 + g, hB = h0 + g + 8;
-    const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(p.q) + static_cast<int64_t>(t) * p.q_stride_token;
-    const __nv_bfloat16* qa = q + static_cast<int64_t>(hA) * p.q_stride_head;
-    const __nv_bfloat16* qb = q + static_cast<int64_t>(hB) * p.q_stride_head;
-    const bool va = !orphan && hA < p.num_heads, vb = !orphan && hB < p.num_heads;
 #pragma unroll
-    for (int m = 0; m < kKStepsPerWarp / 2; ++m) {
-      const int d = kKStepsPerWarp * 16 * dg + 32 * m + 8 * c;
-      const uint4 x = va ? *reinterpret_cast<const uint4*>(qa + d) : make_uint4(0, 0, 0, 0);
-      const uint4 y = vb ? *reinterpret_cast<const uint4*>(qb + d) : make_uint4(0, 0, 0, 0);
-      if constexpr (kMx) {
-        qf[2 * m][0] = prmt(x.x, x.z, 0x5410);
-        qf[2 * m][1] = prmt(y.x, y.z, 0x5410);
-        qf[2 * m][2] = prmt(x.x, x.z, 0x7632);
-        qf[2 * m][3] = prmt(y.x, y.z, 0x7632);
-        qf[2 * m + 1][0] = prmt(x.y, x.w, 0x5410);
-        qf[2 * m + 1][1] = prmt(y.y, y.w, 0x5410);
-        qf[2 * m + 1][2] = prmt(x.y, x.w, 0x7632);
-        qf[2 * m + 1][3] = prmt(y.y, y.w, 0x7632);
-      } else {
-        qf[2 * m][0] = x.x;
-        qf[2 * m][1] = y.x;
-        qf[2 * m][2] = x.y;
-        qf[2 * m][3] = y.y;
-        qf[2 * m + 1][0] = x.z;
-        qf[2 * m + 1][1] = y.z;
-        qf[2 * m + 1][2] = x.w;
-        qf[2 * m + 1][3] = y.w;
-      }
+  for (int m = 0; m < kKStepsPerWarp / 2; ++m) {
+    const uint4 x = q_raw_a[m], y = q_raw_b[m];
+    if constexpr (kMx) {
+      qf[2 * m][0] = prmt(x.x, x.z, 0x5410);
+      qf[2 * m][1] = prmt(y.x, y.z, 0x5410);
+      qf[2 * m][2] = prmt(x.x, x.z, 0x7632);
+      qf[2 * m][3] = prmt(y.x, y.z, 0x7632);
+      qf[2 * m + 1][0] = prmt(x.y, x.w, 0x5410);
+      qf[2 * m + 1][1] = prmt(y.y, y.w, 0x5410);
+      qf[2 * m + 1][2] = prmt(x.y, x.w, 0x7632);
+      qf[2 * m + 1][3] = prmt(y.y, y.w, 0x7632);
+    } else {
+      qf[2 * m][0] = x.x;
+      qf[2 * m][1] = y.x;
+      qf[2 * m][2] = x.y;
+      qf[2 * m][3] = y.y;
+      qf[2 * m + 1][0] = x.z;
+      qf[2 * m + 1][1] = y.z;
+      qf[2 * m + 1][2] = x.w;
+      qf[2 * m + 1][3] = y.w;
     }
-    {
-      constexpr int kk = kKStepsPerWarp - 1;
-      const int d = 16 * (kKStepsPerWarp * dg + kk) + 4 * c;
-      const uint2 x = va ? *reinterpret_cast<const uint2*>(qa + d) : make_uint2(0, 0);
-      const uint2 y = vb ? *reinterpret_cast<const uint2*>(qb + d) : make_uint2(0, 0);
-      if constexpr (kMx) {
-        qf[kk][0] = prmt(x.x, x.y, 0x5410);
-        qf[kk][1] = prmt(y.x, y.y, 0x5410);
-        qf[kk][2] = prmt(x.x, x.y, 0x7632);
-        qf[kk][3] = prmt(y.x, y.y, 0x7632);
-      } else {
-        qf[kk][0] = x.x;
-        qf[kk][1] = y.x;
-        qf[kk][2] = x.y;
-        qf[kk][3] = y.y;
-      }
+  }
+  {
+    constexpr int kk = kKStepsPerWarp - 1;
+    const uint2 x = q_tail_a, y = q_tail_b;
+    if constexpr (kMx) {
+      qf[kk][0] = prmt(x.x, x.y, 0x5410);
+      qf[kk][1] = prmt(y.x, y.y, 0x5410);
+      qf[kk][2] = prmt(x.x, x.y, 0x7632);
+      qf[kk][3] = prmt(y.x, y.y, 0x7632);
+    } else {
+      qf[kk][0] = x.x;
+      qf[kk][1] = y.x;
+      qf[kk][2] = x.y;
+      qf[kk][3] = y.y;
     }
   }
   if constexpr (kF16) {
@@ -446,6 +466,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
     }
   }
 
+  trace.mark();  // 2: Q in registers
   float o[kVTiles][4];
 #pragma unroll
   for (int j = 0; j < kVTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
@@ -473,6 +494,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
   if constexpr (kTwoBarriers) {
     cp_async_wait<kStages - 2>();
     __syncthreads();  // tile 0 visible
+    trace.mark();     // 3: tile 0 landed
   }
   for (int it = 0; it < n_tiles; ++it) {
     const int slot = it % kStages;
@@ -480,6 +502,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
     if constexpr (!kTwoBarriers) {
       cp_async_wait<kStages - 2>();
       __syncthreads();  // (A)
+      if (it == 0) trace.mark();  // 3: tile 0 landed
       if (next < n_tiles) issue_tile(next, next % kStages);
       cp_async_commit();
     }
@@ -720,6 +743,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
     }
   }
   cp_async_wait<0>();
+  trace.mark();  // 4: tile loop done
 
   // ---- epilogue --------------------------------------------------------------
   // The row's sum of the 16 per-thread partial sums (a row's 16 threads are
@@ -761,6 +785,8 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
       if (warp == 0 && c == 0) args.partial_lse[static_cast<int64_t>(split) * rows + row] = lse;
     }
   }
+  trace.mark();  // 5: outputs stored
+  trace.print("split");
 }
 
 // Launches mla_decode_split_kernel<F>; explicitly instantiated per format in

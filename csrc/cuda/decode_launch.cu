@@ -5,6 +5,7 @@
 #include "../mla_decode/portability.h"
 #include "decode_common.h"
 #include "decode_launch.h"
+#include "trace.cuh"
 
 namespace mla_decode {
 namespace cuda {
@@ -49,11 +50,14 @@ __global__ void __launch_bounds__(kCombineRowThreads * kRows) combine_kernel(con
                                                                   const float* __restrict__ partial_out,
                                                                   const float* __restrict__ partial_lse,
                                                                   int num_splits) {
+  TraceProbe<3> trace;  // -DMLA_DECODE_TRACE only (trace.cuh)
+  trace.start(blockIdx.x == 0 || blockIdx.x == gridDim.x - 1);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched as a programmatic dependent of the split kernel (sm_90+): wait
   // here until that grid has finished and its writes are visible.
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
+  trace.mark();  // 1: the split grid is done
   const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRows + threadIdx.x / kCombineRowThreads;
   const int t4 = threadIdx.x % kCombineRowThreads;
@@ -113,6 +117,8 @@ __global__ void __launch_bounds__(kCombineRowThreads * kRows) combine_kernel(con
     p.lse[static_cast<int64_t>(t) * p.lse_stride_token + static_cast<int64_t>(h) * p.lse_stride_head] =
         has_nan ? MLA_NAN : (wsum > 0.f ? m + __logf(wsum) : -MLA_INF);
   }
+  trace.mark();  // 2: stored
+  trace.print("combine");
 }
 
 }  // namespace

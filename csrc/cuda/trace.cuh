@@ -1,0 +1,55 @@
+// Opt-in timeline probes for the CUDA kernels (a measurement tool, not part of
+// any normal build). Built with -DMLA_DECODE_TRACE (scripts/trace_timeline.py
+// sets it), thread 0 of a few CTAs records %globaltimer (ns, one clock for
+// every SM and kernel) at named points and prints one line at the end:
+//   TRACE <kernel> <blockIdx.x> <blockIdx.y> <label>=<ns> ...
+// Without the macro every probe compiles to nothing.
+#pragma once
+
+#include <cstdint>
+
+#if defined(MLA_DECODE_TRACE) && !defined(__HIPCC__)
+#include <cstdio>
+#define MLA_TRACE_ENABLED 1
+#else
+#define MLA_TRACE_ENABLED 0
+#endif
+
+namespace mla_decode {
+namespace cuda {
+
+template <int kMaxPoints>
+struct TraceProbe {
+#if MLA_TRACE_ENABLED
+  unsigned long long t[kMaxPoints];
+  int n = 0;
+  bool on = false;
+  __device__ __forceinline__ void start(bool enabled) {
+    on = enabled && threadIdx.x == 0;
+    mark();
+  }
+  __device__ __forceinline__ void mark() {
+    if (on && n < kMaxPoints) {
+      unsigned long long v;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v)::"memory");
+      t[n++] = v;
+    }
+  }
+  // Prints "TRACE name x y t0 d1 d2 ..." with d_i = t_i - t0 (ns).
+  __device__ __forceinline__ void print(const char* name) const {
+    if (!on) return;
+    printf("TRACE %s %d %d %llu %lld %lld %lld %lld %lld %lld\n", name, static_cast<int>(blockIdx.x),
+           static_cast<int>(blockIdx.y), t[0], n > 1 ? static_cast<long long>(t[1] - t[0]) : -1LL,
+           n > 2 ? static_cast<long long>(t[2] - t[0]) : -1LL, n > 3 ? static_cast<long long>(t[3] - t[0]) : -1LL,
+           n > 4 ? static_cast<long long>(t[4] - t[0]) : -1LL, n > 5 ? static_cast<long long>(t[5] - t[0]) : -1LL,
+           n > 6 ? static_cast<long long>(t[6] - t[0]) : -1LL);
+  }
+#else
+  __device__ __forceinline__ void start(bool) {}
+  __device__ __forceinline__ void mark() {}
+  __device__ __forceinline__ void print(const char*) const {}
+#endif
+};
+
+}  // namespace cuda
+}  // namespace mla_decode
