@@ -18,6 +18,8 @@
 // kernel of decode_launch.cu.
 #pragma once
 
+#include <utility>
+
 #include "../mla_decode/params.h"
 #include "../mla_decode/portability.h"
 #include "decode_launch.h"
@@ -87,6 +89,34 @@ inline cudaError_t opt_in_dynamic_smem(Kernel kernel, int bytes, unsigned long l
     __atomic_fetch_or(&configured, 1ull << dev, __ATOMIC_ACQ_REL);
   }
   return cudaSuccess;
+}
+
+// Launches `kernel` as a programmatic dependent of the work before it on
+// `stream` (PDL, sm_90+): its CTAs may be scheduled while the previous kernel
+// is still running, and each must execute `griddepcontrol.wait` before it
+// touches memory that kernel may write. Below sm_90 it is a plain launch.
+template <typename... KernelArgs, typename... Args>
+inline cudaError_t launch_programmatic(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, int smem_bytes,
+                                       cudaStream_t stream, Args&&... args) {
+  int dev = 0, cc = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = device_compute_capability(dev, &cc);
+  if (err != cudaSuccess) return err;
+  if (cc >= 90) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  }
+  kernel<<<grid, block, smem_bytes, stream>>>(std::forward<Args>(args)...);
+  return cudaGetLastError();
 }
 #endif
 

@@ -374,15 +374,24 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
   };
 
   // ---- prologue ------------------------------------------------------------
+  // Tiles 0 .. kEarlyStages - 1 are issued here, the rest of the prologue
+  // after Q is arranged (below). OCP fp8 issues tile 0 alone first: with all
+  // four of its prologue tiles at once, every CTA's first tile landed behind
+  // the whole burst (up to 19 MB over the GPU) and its warps sat issuing
+  // copies; measured on the H200 (docs/performance.md, v31): b4/kv8192 21.4
+  // -> 19.9 us, b32/kv1024 21.2 -> 19.5. MXFP4 did not gain (its scale
+  // staging also stays in one place), and bf16 has a single prologue tile.
+  constexpr int kEarlyStages = kPvRaw ? 1 : kStages - 1;
+  static_assert(!kMx || kEarlyStages == kStages - 1, "the MXFP4 scales are staged with the early tiles");
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
+  for (int s = 0; s < kEarlyStages; ++s) {
     if (s < n_tiles) {
       issue_tile(s, s);
       store_scales(s);
     }
     cp_async_commit();
   }
-  trace.mark();  // 1: the row lookup's round trip is done (the copies needed its result)
+  trace.mark();  // 1: the row lookup's round trip is done (the early copies needed its result)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Let the combine kernel (a programmatic dependent) start launching; it
   // waits for this grid's completion before reading any partial.
@@ -466,7 +475,12 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
     }
   }
 
-  trace.mark();  // 2: Q in registers
+#pragma unroll
+  for (int s = kEarlyStages; s < kStages - 1; ++s) {
+    if (s < n_tiles) issue_tile(s, s);
+    cp_async_commit();
+  }
+  trace.mark();  // 2: Q in registers (and the prologue issued)
   float o[kVTiles][4];
 #pragma unroll
   for (int j = 0; j < kVTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;

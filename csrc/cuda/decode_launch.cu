@@ -220,28 +220,13 @@ cudaError_t launch_decode(const MlaDecodeParams& p, const SplitPlan& plan, void*
   // Programmatic dependent launch (sm_90+): the combine grid is launched while
   // the split kernel runs and waits for it in griddepcontrol.wait, which hides
   // the launch gap between the two kernels. Also valid inside CUDA graphs.
-  int dev = 0, cc = 0;
-  err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return err;
-  err = device_compute_capability(dev, &cc);
-  if (err != cudaSuccess) return err;
-  if (cc >= 90) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(blocks);
-    cfg.blockDim = dim3(threads);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, combine, p, static_cast<const float*>(args.partial_out),
-                              static_cast<const float*>(args.partial_lse), static_cast<int>(plan.num_splits));
-  }
-#endif
+  return launch_programmatic(combine, dim3(blocks), dim3(threads), 0, stream, p,
+                             static_cast<const float*>(args.partial_out), static_cast<const float*>(args.partial_lse),
+                             static_cast<int>(plan.num_splits));
+#else
   combine<<<blocks, threads, 0, stream>>>(p, args.partial_out, args.partial_lse, plan.num_splits);
   return cudaGetLastError();
+#endif
 }
 
 }  // namespace cuda
