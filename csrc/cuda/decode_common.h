@@ -45,7 +45,12 @@ struct DecodeLaunch {
   int32_t head_groups;
   int32_t q_per_item;  // total_q / batch when it divides evenly (a guess for the
                        // token -> item lookup, checked on the device), else 0
+  bool deep_pipeline;  // SplitPlan::deep_pipeline (host-side kernel choice)
 };
+
+// Pipeline stages of the bf16 kernel when its grid is one wave of one CTA per
+// SM (SplitPlan::deep_pipeline); the default two leave room for two CTAs.
+constexpr int kDeepStages = 4;
 
 constexpr int kBlockNWgmma = 64;  // tokens per stage of the Hopper fp8 kernel (below)
 

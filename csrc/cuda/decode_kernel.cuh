@@ -84,10 +84,12 @@ struct FormatTraits<KvFormat::kMxfp4> {
   static constexpr int kStages = 5;  // 103 KB with the decoded tile: two CTAs per SM still fit
 };
 
-template <KvFormat F>
+// kStagesT: the cp.async ring depth; the format's default, or kDeepStages for
+// the variant that runs one CTA per SM (see launch_split_kernel).
+template <KvFormat F, int kStagesT = FormatTraits<F>::kStages>
 struct SmemLayout {
   static constexpr int kRowBytes = FormatTraits<F>::kRowBytes;
-  static constexpr int kStages = FormatTraits<F>::kStages;
+  static constexpr int kStages = kStagesT;
   static constexpr int kRowSmem = kRowBytes + 16;
   static constexpr int kStageBytes = kBlockN * kRowSmem;
   static constexpr int kKvOffset = 0;
@@ -220,9 +222,9 @@ __device__ __forceinline__ uint32_t fp8x2_to_operand(uint32_t codes) {
   }
 }
 
-template <KvFormat F>
+template <KvFormat F, int kStagesT = FormatTraits<F>::kStages>
 __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const DecodeLaunch args) {
-  using L = SmemLayout<F>;
+  using L = SmemLayout<F, kStagesT>;
   constexpr int kStages = L::kStages;
   constexpr bool kMx = F == KvFormat::kMxfp4;
   constexpr bool kFp8 = F == KvFormat::kFp8E4M3FN || F == KvFormat::kFp8E4M3FNUZ;
@@ -381,7 +383,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
   // copies; measured on the H200 (docs/performance.md, v31): b4/kv8192 21.4
   // -> 19.9 us, b32/kv1024 21.2 -> 19.5. MXFP4 did not gain (its scale
   // staging also stays in one place), and bf16 has a single prologue tile.
-  constexpr int kEarlyStages = kPvRaw ? 1 : kStages - 1;
+  constexpr int kEarlyStages = (kPvRaw || (F == KvFormat::kBf16)) ? 1 : kStages - 1;
   static_assert(!kMx || kEarlyStages == kStages - 1, "the MXFP4 scales are staged with the early tiles");
 #pragma unroll
   for (int s = 0; s < kEarlyStages; ++s) {
@@ -811,12 +813,27 @@ cudaError_t launch_split_kernel(const DecodeLaunch& args, cudaStream_t stream) {
     // Hopper: both products on the fp8 tensor cores (sm90/decode_kernel_sm90.cuh).
     if (fp8_uses_wgmma(args.p)) return launch_fp8_wgmma(args, stream);
   }
+  const dim3 grid(static_cast<unsigned>(args.p.total_q) * args.head_groups, args.num_splits);
+  if constexpr (F == KvFormat::kBf16) {
+    if (args.deep_pipeline) {
+      // One CTA per SM (the plan's whole grid fits one wave): shared memory for
+      // kDeepStages stages instead of two, so two tiles stay in flight behind
+      // the one being computed (with two stages and no second CTA on the SM,
+      // each tile's load latency was exposed).
+      constexpr int kSmemDeep = SmemLayout<F, kDeepStages>::kTotal;
+      static_assert(kSmemDeep <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
+      static unsigned long long configured_deep = 0;
+      const cudaError_t err = opt_in_dynamic_smem(mla_decode_split_kernel<F, kDeepStages>, kSmemDeep, configured_deep);
+      if (err != cudaSuccess) return err;
+      mla_decode_split_kernel<F, kDeepStages><<<grid, kThreads, kSmemDeep, stream>>>(args);
+      return cudaGetLastError();
+    }
+  }
   constexpr int kSmem = SmemLayout<F>::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
   static unsigned long long configured_devices = 0;
   const cudaError_t err = opt_in_dynamic_smem(mla_decode_split_kernel<F>, kSmem, configured_devices);
   if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>(args.p.total_q) * args.head_groups, args.num_splits);
   mla_decode_split_kernel<F><<<grid, kThreads, kSmem, stream>>>(args);
   return cudaGetLastError();
 }

@@ -123,7 +123,21 @@ __global__ void __launch_bounds__(kCombineRowThreads * kRows) combine_kernel(con
 
 }  // namespace
 
-SplitPlan plan_splits(const MlaDecodeParams& p, int num_sms, int requested_splits) {
+namespace {
+// Whether a bf16 grid of `ctas` CTAs runs the deep-pipeline variant: NVIDIA
+// only, and only when the grid is at most one wave of one CTA per SM.
+bool use_deep_pipeline(const MlaDecodeParams& p, int64_t ctas, int num_sms) {
+#if MLA_PLATFORM_HIP
+  (void)p; (void)ctas; (void)num_sms;
+  return false;
+#else
+  return p.format == KvFormat::kBf16 && ctas <= num_sms;
+#endif
+}
+
+// The split count (and head groups) from shapes only; plan_splits adds the
+// kernel variant.
+SplitPlan plan_split_count(const MlaDecodeParams& p, int num_sms, int requested_splits) {
   SplitPlan plan;
   plan.head_groups = (p.num_heads + kTileRows - 1) / kTileRows;
   if (requested_splits > 0) {
@@ -153,17 +167,20 @@ SplitPlan plan_splits(const MlaDecodeParams& p, int num_sms, int requested_split
   const int64_t max_tiles = std::max<int64_t>(1, est_len / tile_tokens);
   splits = std::min<int64_t>(splits, max_tiles);
 #if !MLA_PLATFORM_HIP
-  // OCP fp8 on the mma.sync kernel, one head group (H <= 16): its tiles are
-  // cheap, so when a wave of two CTAs per SM leaves a split at most 4 tiles,
-  // the per-CTA fixed costs (lookups, Q, prologue, one more partial to write
-  // and combine) outweigh the second CTA, and a wave of one CTA per SM is
-  // faster. Measured on the H200 with forced split counts
-  // (docs/perf_runs/run39-split-sweep.txt): B=32, kv=1024 takes 21.4 us with
-  // 4 splits against 24.0 with the 8 of the two-per-SM wave; bf16 and MXFP4
-  // are faster with 8 (25.0 / 25.4 us against 26.5 / 26.5), and no other
-  // competition shape's plan changes (B=4 stays at the 32-split cap). Not
-  // measured at H > 16, so not applied there.
-  if (p.format == KvFormat::kFp8E4M3FN && !one_cta_per_sm && plan.head_groups == 1 && splits > 1 &&
+  // OCP fp8 and bf16 on the mma.sync kernel, one head group (H <= 16): when a
+  // wave of two CTAs per SM leaves a split at most 4 tiles, the per-CTA fixed
+  // costs (lookups, Q, prologue, one more partial to write and combine)
+  // outweigh the second CTA, and a wave of one CTA per SM is faster, provided
+  // that CTA keeps several tiles in flight (fp8: 5 stages; bf16: the
+  // deep-pipeline variant, which such a grid selects, see plan_splits).
+  // Measured on the H200: fp8 B=32, kv=1024 21.4 us with 4 splits against
+  // 24.0 with 8 (forced split counts, docs/perf_runs/run39-split-sweep.txt);
+  // bf16 24.6 against 25.3 (session 5, run47, with the deep pipeline; with
+  // two stages 4 splits were slower, 26.5 against 25.0). MXFP4 is faster with
+  // 8 (25.4 against 26.5). B=4 stays at the 32-split cap. Not measured at
+  // H > 16, so not applied there.
+  const bool one_wave_rule = p.format == KvFormat::kFp8E4M3FN || p.format == KvFormat::kBf16;
+  if (one_wave_rule && !one_cta_per_sm && plan.head_groups == 1 && splits > 1 &&
       max_tiles / splits <= 4) {
     splits = std::min<int64_t>((static_cast<int64_t>(num_sms) + tiles / 2) / tiles, max_tiles);
   }
@@ -176,6 +193,14 @@ SplitPlan plan_splits(const MlaDecodeParams& p, int num_sms, int requested_split
   // with the 64 that a full wave would ask for; no other competition shape
   // plans more than 32.
   plan.num_splits = static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(splits, kMaxPlannedSplits)));
+  return plan;
+}
+}  // namespace
+
+SplitPlan plan_splits(const MlaDecodeParams& p, int num_sms, int requested_splits) {
+  SplitPlan plan = plan_split_count(p, num_sms, requested_splits);
+  plan.deep_pipeline = use_deep_pipeline(
+      p, static_cast<int64_t>(p.total_q) * plan.head_groups * plan.num_splits, num_sms);
   return plan;
 }
 
@@ -192,6 +217,7 @@ cudaError_t launch_decode(const MlaDecodeParams& p, const SplitPlan& plan, void*
   args.num_splits = plan.num_splits;
   args.head_groups = plan.head_groups;
   args.q_per_item = (p.batch > 0 && p.total_q % p.batch == 0) ? p.total_q / p.batch : 0;
+  args.deep_pipeline = plan.deep_pipeline;
   args.partial_out = nullptr;
   args.partial_lse = nullptr;
   if (plan.num_splits > 1) {

@@ -16,6 +16,9 @@ constexpr int kTileRows = 16;  // query rows per CTA: 16 heads of one query toke
 struct SplitPlan {
   int32_t head_groups = 1;  // ceil(H / 16)
   int32_t num_splits = 1;   // KV splits per (query token, head group)
+  // NVIDIA bf16: the grid is at most one CTA per SM, so the kernel variant with
+  // a deeper cp.async ring (one CTA per SM by shared memory) runs.
+  bool deep_pipeline = false;
 };
 
 // Chooses the split count from shapes only (no device reads): enough CTAs to
