@@ -248,7 +248,8 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
 
   const MlaDecodeParams& p = args.p;
   TraceProbe<6> trace;  // -DMLA_DECODE_TRACE only (trace.cuh)
-  trace.start((blockIdx.x == 0 || blockIdx.x == gridDim.x - 1) && (blockIdx.y == 0 || blockIdx.y == gridDim.y - 1));
+  trace.start((blockIdx.x == 0 || blockIdx.x == gridDim.x - 1) &&  // the corner CTAs
+              (blockIdx.y == 0 || blockIdx.y == gridDim.y - 1));
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
@@ -381,8 +382,10 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
   // four of its prologue tiles at once, every CTA's first tile landed behind
   // the whole burst (up to 19 MB over the GPU) and its warps sat issuing
   // copies; measured on the H200 (docs/performance.md, v31): b4/kv8192 21.4
-  // -> 19.9 us, b32/kv1024 21.2 -> 19.5. MXFP4 did not gain (its scale
-  // staging also stays in one place), and bf16 has a single prologue tile.
+  // -> 19.9 us, b32/kv1024 21.2 -> 19.5. bf16 does the same (its 2-stage
+  // kernel has one prologue tile anyway; the 4-stage variant was measured
+  // this way, v32). MXFP4 did not gain, so its tiles and scales are staged
+  // together as before.
   constexpr int kEarlyStages = (kPvRaw || (F == KvFormat::kBf16)) ? 1 : kStages - 1;
   static_assert(!kMx || kEarlyStages == kStages - 1, "the MXFP4 scales are staged with the early tiles");
 #pragma unroll
