@@ -823,13 +823,16 @@ cudaError_t launch_split_kernel(const DecodeLaunch& args, cudaStream_t stream) {
       // kDeepStages stages instead of two, so two tiles stay in flight behind
       // the one being computed (with two stages and no second CTA on the SM,
       // each tile's load latency was exposed).
+      // A device whose opt-in limit is below its 157 KB (sm_86 / sm_89: 99 KB)
+      // refuses the opt-in; the 2-stage kernel below runs there instead.
       constexpr int kSmemDeep = SmemLayout<F, kDeepStages>::kTotal;
       static_assert(kSmemDeep <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
       static unsigned long long configured_deep = 0;
-      const cudaError_t err = opt_in_dynamic_smem(mla_decode_split_kernel<F, kDeepStages>, kSmemDeep, configured_deep);
-      if (err != cudaSuccess) return err;
-      mla_decode_split_kernel<F, kDeepStages><<<grid, kThreads, kSmemDeep, stream>>>(args);
-      return cudaGetLastError();
+      if (opt_in_dynamic_smem(mla_decode_split_kernel<F, kDeepStages>, kSmemDeep, configured_deep) == cudaSuccess) {
+        mla_decode_split_kernel<F, kDeepStages><<<grid, kThreads, kSmemDeep, stream>>>(args);
+        return cudaGetLastError();
+      }
+      (void)cudaGetLastError();  // clear the refused opt-in (not a sticky error)
     }
   }
   constexpr int kSmem = SmemLayout<F>::kTotal;
