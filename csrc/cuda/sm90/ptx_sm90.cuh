@@ -85,22 +85,8 @@ __device__ __forceinline__ void wgmma_m64n16k32_e4m3_rs(float (&d)[8], const uin
 #endif
 }
 
-// The same three shapes with A in shared memory too (K-major, descriptor).
-template <bool kAccumulate>
-__device__ __forceinline__ void wgmma_m64n48k32_e4m3_ss(float (&d0)[8], float (&d1)[16], uint64_t desc_a,
-                                                        uint64_t desc_b) {
-#if MLA_SM90A_DEVICE
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n48k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
-      "%23}, %24, %25, p, 1, 1;\n}\n"
-      : "+f"(d0[0]), "+f"(d0[1]), "+f"(d0[2]), "+f"(d0[3]), "+f"(d0[4]), "+f"(d0[5]), "+f"(d0[6]), "+f"(d0[7]),
-        "+f"(d1[0]), "+f"(d1[1]), "+f"(d1[2]), "+f"(d1[3]), "+f"(d1[4]), "+f"(d1[5]), "+f"(d1[6]), "+f"(d1[7]),
-        "+f"(d1[8]), "+f"(d1[9]), "+f"(d1[10]), "+f"(d1[11]), "+f"(d1[12]), "+f"(d1[13]), "+f"(d1[14]), "+f"(d1[15])
-      : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
-#endif
-}
+// d (64 x N) (+)= A (64 x 32, shared, K-major) * B (32 x N, shared, K-major):
+// the two shapes the QK step uses (N = 32 for Q's mid|lo terms, N = 16 for hi).
 template <bool kAccumulate>
 __device__ __forceinline__ void wgmma_m64n32k32_e4m3_ss(float (&d)[16], uint64_t desc_a, uint64_t desc_b) {
 #if MLA_SM90A_DEVICE
