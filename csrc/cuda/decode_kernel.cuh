@@ -278,9 +278,9 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
   uint4 q_raw_a[kKStepsPerWarp / 2], q_raw_b[kKStepsPerWarp / 2];  // heads g, g + 8: dims 32m + 8c ..
   uint2 q_tail_a, q_tail_b;                                          // the ninth k-step
   {
-    const int t_q = blockIdx.x / args.head_groups;
-    const int hA = (blockIdx.x % args.head_groups) * kTileRows + g, hB = hA + 8;
-    const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(p.q) + static_cast<int64_t>(t_q) * p.q_stride_token;
+    const CtaCoords cta = cta_coords(args);  // the token and heads locate_work reports below
+    const int hA = cta.h0 + g, hB = hA + 8;
+    const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(p.q) + static_cast<int64_t>(cta.t) * p.q_stride_token;
     const __nv_bfloat16* qa = q + static_cast<int64_t>(hA) * p.q_stride_head;
     const __nv_bfloat16* qb = q + static_cast<int64_t>(hB) * p.q_stride_head;
     const bool va = hA < p.num_heads, vb = hB < p.num_heads;

@@ -24,15 +24,31 @@ struct WorkItem {
   int kv_end;
 };
 
+// The query token, first head and KV split of this CTA: blockIdx alone (the
+// grid contract), so a kernel may use them before it reads any memory.
+struct CtaCoords {
+  int t;
+  int h0;
+  int split;
+};
+__device__ __forceinline__ CtaCoords cta_coords(const DecodeLaunch& args) {
+  CtaCoords c;
+  c.t = blockIdx.x / args.head_groups;
+  c.h0 = (blockIdx.x % args.head_groups) * kTileRows;
+  c.split = blockIdx.y;
+  return c;
+}
+
 // kChunkAlign: the split chunk is rounded up to a multiple of it (the kernel's
 // tokens per pipeline stage), so only a split's last stage is partial.
 template <int kChunkAlign>
 __device__ __forceinline__ WorkItem locate_work(const DecodeLaunch& args) {
   const MlaDecodeParams& p = args.p;
   WorkItem w;
-  w.t = blockIdx.x / args.head_groups;
-  w.h0 = (blockIdx.x % args.head_groups) * kTileRows;
-  w.split = blockIdx.y;
+  const CtaCoords cta = cta_coords(args);
+  w.t = cta.t;
+  w.h0 = cta.h0;
+  w.split = cta.split;
   // Item b owns token t when qo_indptr[b] <= t < qo_indptr[b+1]. Guess b from
   // an even split of the queries (exact for the usual uniform q_len) and load
   // the guess's query and KV bounds in one round trip; fall back to a binary
