@@ -29,16 +29,17 @@ def child(fmt, shapes):
     sys.path.insert(0, os.path.join(HERE, ".."))
     from mla_decode.competition import custom_kernel
     from mla_decode.inputs import generate_input
+    from mla_decode.timing import L2Flusher
 
     os.environ["MLA_DECODE_FORMAT"] = fmt
-    flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
+    flusher = L2Flusher(torch.device("cuda"))
     for b, kv in shapes:
         data = generate_input(b, 1, kv, seed=3, device="cuda", num_heads=16)
         for _ in range(3):
             custom_kernel(data)
         torch.cuda.synchronize()
         for i in range(ITERS):
-            flush.fill_(1)
+            flusher.flush()
             torch.cuda.synchronize()
             print(f"CALL {b} {kv} {i}", flush=True)
             custom_kernel(data)
