@@ -121,9 +121,6 @@ __global__ void __launch_bounds__(kCombineRowThreads * kRows) combine_kernel(con
   trace.print("combine");
 }
 
-}  // namespace
-
-namespace {
 // Whether a bf16 grid of `ctas` CTAs runs the deep-pipeline variant: NVIDIA
 // only, and only when the grid is at most one wave of one CTA per SM.
 bool use_deep_pipeline(const MlaDecodeParams& p, int64_t ctas, int num_sms) {
