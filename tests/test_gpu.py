@@ -41,6 +41,37 @@ def test_forced_splits_two_combine_chunks(fmt):
     check_against_reference(case, out, lse)
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_fused_combine_tickets_reset_between_calls(fmt):
+    """Plans of 2..8 splits merge in the split kernel: the last CTA of a row group,
+    counted by a persistent ticket that it sets back to zero. Calls that alternate
+    split counts and shapes on one stream must each merge exactly once, after all
+    of their splits (a stale ticket would merge early and give a wrong row)."""
+    cases = [make_case(fmt, "indptr", 16, 1, [700, 5, 0, 64], seed=51, device=DEV),
+             make_case(fmt, "indptr", 32, 2, [300, 90], seed=52, device=DEV)]
+    for num_splits in [3, 8, 2, 3, 5]:
+        for case in cases:
+            out, lse = torch.ops.mla_decode.decode(*case.args(), num_splits)
+            check_against_reference(case, out, lse)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_fused_combine_on_two_streams(fmt):
+    """Each stream has its own tickets: concurrent calls on two streams stay exact."""
+    case = make_case(fmt, "indptr", 16, 1, [900, 33, 0, 257], seed=53, device=DEV)
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    results = []
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    for _ in range(4):
+        for s in streams:
+            with torch.cuda.stream(s):
+                results.append(torch.ops.mla_decode.decode(*case.args(), 4))
+    torch.cuda.synchronize()
+    for out, lse in results:
+        check_against_reference(case, out, lse)
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "mxfp4"])
 def test_long_sequence(fmt):
     case = make_case(fmt, "paged", 16, 1, [9000, 3], seed=77, device=DEV, page_size=64)

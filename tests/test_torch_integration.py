@@ -41,8 +41,10 @@ def test_torch_compile_fullgraph(device):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("fmt", ["bf16", "fp8", "mxfp4"])
-def test_cuda_graph_replay_with_new_lengths(fmt):
-    """Capture once, then change lengths (same batch size) and replay."""
+@pytest.mark.parametrize("num_splits", [0, 4])
+def test_cuda_graph_replay_with_new_lengths(fmt, num_splits):
+    """Capture once, then change lengths (same batch size) and replay. num_splits 4:
+    the fused combine, whose tickets the graph owns and must find zero at every replay."""
     dev = torch.device("cuda")
     case = make_case(fmt, "indptr", 16, 1, [200, 50, 0, 400], seed=31, device=dev, extra_rows=600)
     static = dict(q=case.q.clone(), kvp=case.kv_indptr.clone())
@@ -51,7 +53,7 @@ def test_cuda_graph_replay_with_new_lengths(fmt):
 
     def run():
         torch.ops.mla_decode.decode_out(static["q"], case.kv, case.kv_scale, case.qo_indptr, static["kvp"], None,
-                                        None, None, 1, SM_SCALE, 0, out, lse)
+                                        None, None, 1, SM_SCALE, num_splits, out, lse)
 
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -80,5 +82,9 @@ def test_cuda_graph_replay_with_new_lengths(fmt):
     static["kvp"].copy_(case2.kv_indptr)
     out.fill_(float("nan"))
     graph.replay()
+    torch.cuda.synchronize()
+    check_against_reference(case2, out, lse)
+    out.fill_(float("nan"))
+    graph.replay()  # again: the tickets were left zero by the previous replay
     torch.cuda.synchronize()
     check_against_reference(case2, out, lse)
