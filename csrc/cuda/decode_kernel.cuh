@@ -135,9 +135,14 @@ __device__ __forceinline__ int brev3(int x) { return ((x & 1) << 2) | (x & 2) | 
 // group whose dims are not a ninth-k-step group (dim % 144 < 128) in pair
 // order (position 2p = dim p, 2p + 1 = dim p + 4), so columns 2c, 2c+1 of such
 // a group are dims c, c + 4 (regrouped by shuffles before the store).
+// `valid`: whether this thread's row exists (a head < num_heads). Every lane
+// of the warp must call this, valid or not: the pair-order regrouping below
+// shuffles across the whole warp (a lane that skipped the call while another
+// waited in __shfl_sync is undefined behaviour; with the fused combine's
+// barrier after the epilogue it hung, H = 1 MXFP4 on the H200, session 6).
 template <bool kPairedDims, typename OutT, bool kPairOrder = false>
 __device__ __forceinline__ void store_row(const float (&o)[kVTiles][4], int half, float scale, OutT* dst, int warp,
-                                          int c) {
+                                          int c, bool valid) {
   const int r0 = 2 * half;
   if constexpr (kPairOrder) {
     // In a pair-order group thread c holds dims c and c + 4; four shuffles
@@ -160,6 +165,7 @@ __device__ __forceinline__ void store_row(const float (&o)[kVTiles][4], int half
         v1 = c < 2 ? x1 : y1;
       }
       const int dim = base + 2 * c;
+      if (!valid) continue;
       if constexpr (sizeof(OutT) == 2) {
         *reinterpret_cast<__nv_bfloat162*>(dst + dim) = __floats2bfloat162_rn(v0, v1);
       } else {
@@ -167,6 +173,7 @@ __device__ __forceinline__ void store_row(const float (&o)[kVTiles][4], int half
       }
     }
   } else if constexpr (kPairedDims) {
+    if (!valid) return;
 #pragma unroll
     for (int q = 0; q < kVTiles / 2; ++q) {
       const int dim = kVDimsPerWarp * warp + 16 * q + 4 * c;
@@ -182,6 +189,7 @@ __device__ __forceinline__ void store_row(const float (&o)[kVTiles][4], int half
       }
     }
   } else {
+    if (!valid) return;
 #pragma unroll
     for (int j = 0; j < kVTiles; ++j) {
       const int dim = kVDimsPerWarp * warp + 8 * j + 2 * c;
@@ -813,7 +821,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
   for (int half = 0; half < 2; ++half) {
     const int r = g + 8 * half;
     const int h = h0 + r;
-    if (h >= p.num_heads) continue;
+    const bool valid = h < p.num_heads;  // no `continue`: store_row must be called by every lane
     const float l = smem_l[r];
     const float m = smem_m[r];
     float inv = l > 0.f ? out_scale / l : 0.f;
@@ -825,14 +833,14 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
     if (args.num_splits == 1) {
       __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(p.out) + static_cast<int64_t>(t) * p.out_stride_token +
                            static_cast<int64_t>(h) * p.out_stride_head;
-      store_row<kPvRaw, __nv_bfloat16, kMx>(o, half, inv, dst, warp, c);
-      if (warp == 0 && c == 0) p.lse[static_cast<int64_t>(t) * p.lse_stride_token + static_cast<int64_t>(h) * p.lse_stride_head] = lse;
+      store_row<kPvRaw, __nv_bfloat16, kMx>(o, half, inv, dst, warp, c, valid);
+      if (valid && warp == 0 && c == 0) p.lse[static_cast<int64_t>(t) * p.lse_stride_token + static_cast<int64_t>(h) * p.lse_stride_head] = lse;
     } else {
       const int64_t row = static_cast<int64_t>(t) * p.num_heads + h;
       const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
       float* dst = args.partial_out + (static_cast<int64_t>(split) * rows + row) * kHeadDimV;
-      store_row<kPvRaw, float, kMx>(o, half, inv, dst, warp, c);
-      if (warp == 0 && c == 0) args.partial_lse[static_cast<int64_t>(split) * rows + row] = lse;
+      store_row<kPvRaw, float, kMx>(o, half, inv, dst, warp, c, valid);
+      if (valid && warp == 0 && c == 0) args.partial_lse[static_cast<int64_t>(split) * rows + row] = lse;
     }
   }
   if (args.num_splits > 1 && args.tickets != nullptr) {
