@@ -26,7 +26,7 @@ for fmt in fmts:
         q, kvd, qo, kvp, cfg = generate_input(b, 1, kv, seed=3, device="cuda")
         cache, scale = (kvd["bf16"], None) if fmt == "bf16" else kvd[fmt]
         res = []
-        for ns in [0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128]:
+        for ns in [0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]:
             if ns * 32 > kv:
                 continue
             call = lambda: torch.ops.mla_decode.decode(q, cache, scale, qo, kvp, None, None, None, 1, cfg["sm_scale"], ns)

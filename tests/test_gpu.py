@@ -42,11 +42,9 @@ def test_forced_splits_two_combine_chunks(fmt):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_fused_combine_tickets_reset_between_calls(fmt):
-    """Plans of 2..8 splits merge in the split kernel: the last CTA of a row group,
-    counted by a persistent ticket that it sets back to zero. Calls that alternate
-    split counts and shapes on one stream must each merge exactly once, after all
-    of their splits (a stale ticket would merge early and give a wrong row)."""
+def test_alternating_split_counts_and_shapes(fmt):
+    """Back-to-back calls on one stream with different split counts, head counts and
+    q_len: no state (workspace, partials) may leak from one call into the next."""
     cases = [make_case(fmt, "indptr", 16, 1, [700, 5, 0, 64], seed=51, device=DEV),
              make_case(fmt, "indptr", 32, 2, [300, 90], seed=52, device=DEV)]
     for num_splits in [3, 8, 2, 3, 5]:
@@ -56,8 +54,8 @@ def test_fused_combine_tickets_reset_between_calls(fmt):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_fused_combine_on_two_streams(fmt):
-    """Each stream has its own tickets: concurrent calls on two streams stay exact."""
+def test_concurrent_calls_on_two_streams(fmt):
+    """Split calls interleaved on two streams (each with its own workspace) stay exact."""
     case = make_case(fmt, "indptr", 16, 1, [900, 33, 0, 257], seed=53, device=DEV)
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
     results = []

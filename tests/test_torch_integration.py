@@ -43,8 +43,8 @@ def test_torch_compile_fullgraph(device):
 @pytest.mark.parametrize("fmt", ["bf16", "fp8", "mxfp4"])
 @pytest.mark.parametrize("num_splits", [0, 4])
 def test_cuda_graph_replay_with_new_lengths(fmt, num_splits):
-    """Capture once, then change lengths (same batch size) and replay. num_splits 4:
-    the fused combine, whose tickets the graph owns and must find zero at every replay."""
+    """Capture once, then change lengths (same batch size) and replay (twice). num_splits
+    0: the planned split; 4: a forced split with the combine kernel in the graph."""
     dev = torch.device("cuda")
     case = make_case(fmt, "indptr", 16, 1, [200, 50, 0, 400], seed=31, device=dev, extra_rows=600)
     static = dict(q=case.q.clone(), kvp=case.kv_indptr.clone())
@@ -85,6 +85,6 @@ def test_cuda_graph_replay_with_new_lengths(fmt, num_splits):
     torch.cuda.synchronize()
     check_against_reference(case2, out, lse)
     out.fill_(float("nan"))
-    graph.replay()  # again: the tickets were left zero by the previous replay
+    graph.replay()  # a second replay of the same graph gives the same result
     torch.cuda.synchronize()
     check_against_reference(case2, out, lse)

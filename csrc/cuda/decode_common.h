@@ -46,18 +46,11 @@ struct DecodeLaunch {
   int32_t q_per_item;  // total_q / batch when it divides evenly (a guess for the
                        // token -> item lookup, checked on the device), else 0
   bool deep_pipeline;  // SplitPlan::deep_pipeline (host-side kernel choice)
-  int32_t* tickets;    // fused combine (fused_combine.cuh): one per blockIdx.x, or nullptr
-  int32_t kv_len_guess;  // num_cache_rows / batch for the contiguous layout when it divides
-                         // evenly (uniform lengths: a guess for the L2 prefetch), else 0
-  int32_t experiment;  // TEMPORARY A/B switch (MLA_DECODE_EXP): bit 0 no L2 prefetch, bit 1 no fused combine
 };
 
 // Pipeline stages of the bf16 kernel when its grid is one wave of one CTA per
 // SM (SplitPlan::deep_pipeline); the default two leave room for two CTAs.
 constexpr int kDeepStages = 4;
-
-// Most splits whose partials the last split CTA merges itself (fused_combine.cuh).
-constexpr int kFusedMaxSplits = 8;
 
 constexpr int kBlockNWgmma = 64;  // tokens per stage of the Hopper fp8 kernel (below)
 

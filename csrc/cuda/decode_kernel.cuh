@@ -44,7 +44,6 @@
 #include "../mla_decode/params.h"
 #include "decode_common.h"
 #include "decode_work.cuh"
-#include "fused_combine.cuh"
 #include "ptx_sm80.cuh"
 #include "trace.cuh"
 
@@ -138,8 +137,8 @@ __device__ __forceinline__ int brev3(int x) { return ((x & 1) << 2) | (x & 2) | 
 // `valid`: whether this thread's row exists (a head < num_heads). Every lane
 // of the warp must call this, valid or not: the pair-order regrouping below
 // shuffles across the whole warp (a lane that skipped the call while another
-// waited in __shfl_sync is undefined behaviour; with the fused combine's
-// barrier after the epilogue it hung, H = 1 MXFP4 on the H200, session 6).
+// waited in __shfl_sync is undefined behaviour: with a CTA barrier after the
+// epilogue (the fused-combine experiment, session 6) it hung at H = 1 MXFP4).
 template <bool kPairedDims, typename OutT, bool kPairOrder = false>
 __device__ __forceinline__ void store_row(const float (&o)[kVTiles][4], int half, float scale, OutT* dst, int warp,
                                           int c, bool valid) {
@@ -302,36 +301,6 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
     const int d = 16 * (kKStepsPerWarp * dg + kKStepsPerWarp - 1) + 4 * c;
     q_tail_a = va ? *reinterpret_cast<const uint2*>(qa + d) : make_uint2(0, 0);
     q_tail_b = vb ? *reinterpret_cast<const uint2*>(qb + d) : make_uint2(0, 0);
-  }
-
-  // ---- speculative L2 prefetch of the first tile -------------------------------
-  // The cache rows of tile 0 are known only after the row lookup (a DRAM round
-  // trip). For the contiguous layout with uniform lengths (the competition's:
-  // kv_indptr = arange * kv_len, num_cache_rows = batch * kv_len) they can be
-  // guessed from shapes: item t / q_per_item, kv_len = num_cache_rows / batch
-  // (DecodeLaunch::kv_len_guess, 0 when the layout is not contiguous).
-  // The guess only warms L2 (prefetch, clamped to the cache's rows); the real
-  // copies below use the looked-up rows, so a wrong guess costs bandwidth only.
-  if (!(args.experiment & 1) && args.kv_len_guess > 0 && args.q_per_item > 0) {
-    const CtaCoords cta = cta_coords(args);
-    const int b_g = min(cta.t / args.q_per_item, p.batch - 1);
-    const int kv_len_g = args.kv_len_guess;
-    const int visible_g = visible_keys(kv_len_g, args.q_per_item, cta.t - b_g * args.q_per_item);
-    const int chunk_g = ceil_div(ceil_div(visible_g, args.num_splits), kBlockN) * kBlockN;
-    const int j = min(cta.split * chunk_g, visible_g) + tid / 8;  // token tid / 8 of tile 0
-    const int64_t row = static_cast<int64_t>(b_g) * kv_len_g + j;
-    if (j < visible_g && row < p.num_cache_rows) {
-      const uint8_t* base = static_cast<const uint8_t*>(p.kv) + row * p.kv_row_stride_bytes;
-      constexpr int kRowBytes = FormatTraits<F>::kRowBytes;
-      // The lines of [base, base + kRowBytes): offsets 128 k, and the last byte.
-#pragma unroll
-      for (int off = 128 * (tid % 8); off < kRowBytes + 127; off += 1024) {
-        prefetch_l2(base + min(off, kRowBytes - 1));
-      }
-      if constexpr (F == KvFormat::kMxfp4) {
-        if (tid % 8 == 0) prefetch_l2(p.mx_scale + row * p.mx_scale_stride_row);
-      }
-    }
   }
 
   // ---- which query token, heads and KV range ------------------------------
@@ -842,9 +811,6 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
       store_row<kPvRaw, float, kMx>(o, half, inv, dst, warp, c, valid);
       if (valid && warp == 0 && c == 0) args.partial_lse[static_cast<int64_t>(split) * rows + row] = lse;
     }
-  }
-  if (args.num_splits > 1 && args.tickets != nullptr) {
-    merge_if_last<kThreads>(args, t, h0, reinterpret_cast<int*>(smem_flag));
   }
   trace.mark();  // 5: outputs stored
   trace.print("split");

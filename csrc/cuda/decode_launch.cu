@@ -1,7 +1,6 @@
 // Split planning, the split-combine kernel, and the format dispatch. Shared
 // by CUDA and HIP (hipified): vendor differences go through portability.h.
 #include <algorithm>
-#include <cstdlib>
 
 #include "../mla_decode/portability.h"
 #include "decode_common.h"
@@ -199,14 +198,7 @@ SplitPlan plan_splits(const MlaDecodeParams& p, int num_sms, int requested_split
   SplitPlan plan = plan_split_count(p, num_sms, requested_splits);
   plan.deep_pipeline = use_deep_pipeline(
       p, static_cast<int64_t>(p.total_q) * plan.head_groups * plan.num_splits, num_sms);
-#if !MLA_PLATFORM_HIP
-  plan.fused_combine = plan.num_splits >= 2 && plan.num_splits <= kFusedMaxSplits && !fp8_uses_wgmma(p);
-#endif
   return plan;
-}
-
-int64_t fused_combine_ticket_count(const MlaDecodeParams& p, const SplitPlan& plan) {
-  return plan.fused_combine ? static_cast<int64_t>(p.total_q) * plan.head_groups : 0;
 }
 
 size_t workspace_bytes(const MlaDecodeParams& p, const SplitPlan& plan) {
@@ -215,8 +207,7 @@ size_t workspace_bytes(const MlaDecodeParams& p, const SplitPlan& plan) {
   return static_cast<size_t>(plan.num_splits) * rows * (kHeadDimV + 1) * sizeof(float);
 }
 
-cudaError_t launch_decode(const MlaDecodeParams& p, const SplitPlan& plan, void* workspace, int32_t* tickets,
-                          cudaStream_t stream) {
+cudaError_t launch_decode(const MlaDecodeParams& p, const SplitPlan& plan, void* workspace, cudaStream_t stream) {
   if (p.total_q == 0) return cudaSuccess;
   DecodeLaunch args;
   args.p = p;
@@ -224,17 +215,6 @@ cudaError_t launch_decode(const MlaDecodeParams& p, const SplitPlan& plan, void*
   args.head_groups = plan.head_groups;
   args.q_per_item = (p.batch > 0 && p.total_q % p.batch == 0) ? p.total_q / p.batch : 0;
   args.deep_pipeline = plan.deep_pipeline;
-  args.kv_len_guess = 0;
-  if (p.layout == KvLayout::kIndptr && p.batch > 0 && p.num_cache_rows % p.batch == 0 &&
-      p.num_cache_rows / p.batch <= INT32_MAX) {
-    args.kv_len_guess = static_cast<int32_t>(p.num_cache_rows / p.batch);
-  }
-  static const int experiment = [] {
-    const char* e = std::getenv("MLA_DECODE_EXP");
-    return e ? std::atoi(e) : 0;
-  }();
-  args.experiment = experiment;
-  args.tickets = (plan.fused_combine && !(experiment & 2)) ? tickets : nullptr;
   args.partial_out = nullptr;
   args.partial_lse = nullptr;
   if (plan.num_splits > 1) {
@@ -250,7 +230,7 @@ cudaError_t launch_decode(const MlaDecodeParams& p, const SplitPlan& plan, void*
     case KvFormat::kMxfp4: err = launch_split_kernel<KvFormat::kMxfp4>(args, stream); break;
     default: return cudaErrorInvalidValue;
   }
-  if (err != cudaSuccess || plan.num_splits == 1 || args.tickets != nullptr) return err;
+  if (err != cudaSuccess || plan.num_splits == 1) return err;
   // See combine_kernel for the two variants.
   const bool many_splits = plan.num_splits > kFewSplitsChunk;
   const int rows_per_block = many_splits ? kManySplitsRows : kFewSplitsRows;

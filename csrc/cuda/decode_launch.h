@@ -19,14 +19,7 @@ struct SplitPlan {
   // NVIDIA bf16: the grid is at most one CTA per SM, so the kernel variant with
   // a deeper cp.async ring (one CTA per SM by shared memory) runs.
   bool deep_pipeline = false;
-  // NVIDIA mma.sync kernel, 2 .. 8 splits: the last split CTA of each (token,
-  // head group) merges the partials (csrc/cuda/fused_combine.cuh) instead of
-  // a combine kernel, given a ticket buffer (fused_combine_tickets below).
-  bool fused_combine = false;
 };
-
-// Most tickets one call of `plan` uses (0 when it does not fuse the combine).
-int64_t fused_combine_ticket_count(const MlaDecodeParams& p, const SplitPlan& plan);
 
 // Chooses the split count from shapes only (no device reads): enough CTAs to
 // fill `num_sms`, at least one pipeline stage of keys (32 tokens, 64 for the
@@ -40,9 +33,7 @@ size_t workspace_bytes(const MlaDecodeParams& p, const SplitPlan& plan);
 // Launches the split-KV kernel and, when num_splits > 1, the combine kernel
 // on `stream`. `workspace` must hold workspace_bytes() (16-byte aligned).
 // Returns the first launch error (cudaSuccess otherwise).
-// `tickets`: fused_combine_ticket_count(p, plan) zeroed int32 (the kernel
-// leaves them zero), or nullptr, which runs the combine kernel instead.
-cudaError_t launch_decode(const MlaDecodeParams& p, const SplitPlan& plan, void* workspace, int32_t* tickets,
+cudaError_t launch_decode(const MlaDecodeParams& p, const SplitPlan& plan, void* workspace,
                           cudaStream_t stream);
 
 }  // namespace cuda

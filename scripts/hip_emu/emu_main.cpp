@@ -642,7 +642,7 @@ int main() {
     cuda::SplitPlan plan = cuda::plan_splits(pr.p, kNumCus, c.splits);
     std::vector<float> ws((cuda::workspace_bytes(pr.p, plan) + 3) / 4 + 4);
     const uint64_t blocks0 = emu::state().blocks_run;
-    const hipError_t err = cuda::launch_decode(pr.p, plan, ws.data(), /*tickets=*/nullptr, nullptr);
+    const hipError_t err = cuda::launch_decode(pr.p, plan, ws.data(), nullptr);
     const uint64_t blocks = emu::state().blocks_run - blocks0;
     double rel_fro = 0;
     int bad = err == hipSuccess ? check(c, pr, plan.num_splits, &rel_fro) : 1;
