@@ -175,10 +175,14 @@ SplitPlan plan_split_count(const MlaDecodeParams& p, int num_sms, int requested_
   // bf16 24.6 against 25.3 (session 5, run47, with the deep pipeline; with
   // two stages 4 splits were slower, 26.5 against 25.0). MXFP4 is faster with
   // 8 (25.4 against 26.5). B=4 stays at the 32-split cap. Not measured at
-  // H > 16, so not applied there.
+  // H > 16, so not applied there. fp8 takes the rule up to 8 tiles per split
+  // (session 6 split sweep, docs/perf_runs/run50-split-sweep.txt: B=64,
+  // kv=1024 28.8 us with 2 splits against 29.9 with 4); bf16 does not (37.4
+  // against 36.8).
   const bool one_wave_rule = p.format == KvFormat::kFp8E4M3FN || p.format == KvFormat::kBf16;
+  const int64_t one_wave_max_tiles = p.format == KvFormat::kFp8E4M3FN ? 8 : 4;
   if (one_wave_rule && !one_cta_per_sm && plan.head_groups == 1 && splits > 1 &&
-      max_tiles / splits <= 4) {
+      max_tiles / splits <= one_wave_max_tiles) {
     splits = std::min<int64_t>((static_cast<int64_t>(num_sms) + tiles / 2) / tiles, max_tiles);
   }
 #endif
