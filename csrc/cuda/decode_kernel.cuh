@@ -40,6 +40,8 @@
 
 #include <math_constants.h>
 
+#include <cstdlib>
+
 #include "../mla_decode/addressing.h"
 #include "../mla_decode/params.h"
 #include "decode_common.h"
@@ -230,7 +232,7 @@ __device__ __forceinline__ uint32_t fp8x2_to_operand(uint32_t codes) {
   }
 }
 
-template <KvFormat F, int kStagesT = FormatTraits<F>::kStages>
+template <KvFormat F, int kStagesT = FormatTraits<F>::kStages, bool kSplitQk = true>
 __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const DecodeLaunch args) {
   using L = SmemLayout<F, kStagesT>;
   constexpr int kStages = L::kStages;
@@ -554,13 +556,13 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
     //   cover 8 distinct 16-byte slots.
     // With natural order, rows 1 apart overlap (2-way conflicts). Score column
     // 2c is token brev3(2c), column 2c + 1 is brev3(2c + 1) = brev3(2c) + 4.
-    float s_acc[2][4];
+    float s_acc[2][4], s_acc_odd[2][4];
     int tok[2];
 #pragma unroll
     for (int jj = 0; jj < 2; ++jj) {
       tok[jj] = 8 * (2 * tg + jj) + brev3(g);
 #pragma unroll
-      for (int r = 0; r < 4; ++r) s_acc[jj][r] = 0.f;
+      for (int r = 0; r < 4; ++r) s_acc[jj][r] = s_acc_odd[jj][r] = 0.f;
     }
     // Paired k-steps 2m, 2m+1 (see the Q layout above).
 #pragma unroll
@@ -591,7 +593,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
           b[3] = e2m1_pair_bits<3>(w, s2);  // dims (8c+3, 8c+7)
         }
         mma_m16n8k16<kF16>(s_acc[jj], qf[2 * m], b[0], b[1]);
-        mma_m16n8k16<kF16>(s_acc[jj], qf[2 * m + 1], b[2], b[3]);
+        mma_m16n8k16<kF16>(kSplitQk ? s_acc_odd[jj] : s_acc[jj], qf[2 * m + 1], b[2], b[3]);
         if constexpr (kDecode) {
           // Dims d..d+7 of token tok[jj], for PV: natural order (e4m3fnuz),
           // or MXFP4's pair order (position 2p = dim p, 2p + 1 = dim p + 4),
@@ -642,6 +644,10 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
       float* red = smem_red + dg * kTileRows * kRedStride;
 #pragma unroll
       for (int jj = 0; jj < 2; ++jj) {
+        if constexpr (kSplitQk) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) s_acc[jj][r] += s_acc_odd[jj][r];
+        }
         const int col = 8 * (2 * tg + jj) + brev3(2 * c);  // tokens col, col + 4 (QK column order)
         red[g * kRedStride + col] = s_acc[jj][0];
         red[g * kRedStride + col + 4] = s_acc[jj][1];
@@ -836,7 +842,14 @@ cudaError_t launch_split_kernel(const DecodeLaunch& args, cudaStream_t stream) {
       constexpr int kSmemDeep = SmemLayout<F, kDeepStages>::kTotal;
       static_assert(kSmemDeep <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
       static unsigned long long configured_deep = 0;
-      if (opt_in_dynamic_smem(mla_decode_split_kernel<F, kDeepStages>, kSmemDeep, configured_deep) == cudaSuccess) {
+      static const bool exp_one_chain_deep = std::getenv("MLA_DECODE_EXP") && std::atoi(std::getenv("MLA_DECODE_EXP")) == 1;
+      if (exp_one_chain_deep) {
+        static unsigned long long configured_deep_old = 0;
+        if (opt_in_dynamic_smem(mla_decode_split_kernel<F, kDeepStages, false>, kSmemDeep, configured_deep_old) == cudaSuccess) {
+          mla_decode_split_kernel<F, kDeepStages, false><<<grid, kThreads, kSmemDeep, stream>>>(args);
+          return cudaGetLastError();
+        }
+      } else if (opt_in_dynamic_smem(mla_decode_split_kernel<F, kDeepStages>, kSmemDeep, configured_deep) == cudaSuccess) {
         mla_decode_split_kernel<F, kDeepStages><<<grid, kThreads, kSmemDeep, stream>>>(args);
         return cudaGetLastError();
       }
@@ -845,6 +858,15 @@ cudaError_t launch_split_kernel(const DecodeLaunch& args, cudaStream_t stream) {
   }
   constexpr int kSmem = SmemLayout<F>::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
+  static const bool exp_one_chain = std::getenv("MLA_DECODE_EXP") && std::atoi(std::getenv("MLA_DECODE_EXP")) == 1;
+  if (exp_one_chain) {
+    static unsigned long long configured_old = 0;
+    constexpr int kS = FormatTraits<F>::kStages;
+    const cudaError_t err = opt_in_dynamic_smem(mla_decode_split_kernel<F, kS, false>, kSmem, configured_old);
+    if (err != cudaSuccess) return err;
+    mla_decode_split_kernel<F, kS, false><<<grid, kThreads, kSmem, stream>>>(args);
+    return cudaGetLastError();
+  }
   static unsigned long long configured_devices = 0;
   const cudaError_t err = opt_in_dynamic_smem(mla_decode_split_kernel<F>, kSmem, configured_devices);
   if (err != cudaSuccess) return err;
