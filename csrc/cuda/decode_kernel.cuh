@@ -40,8 +40,6 @@
 
 #include <math_constants.h>
 
-#include <cstdlib>
-
 #include "../mla_decode/addressing.h"
 #include "../mla_decode/params.h"
 #include "decode_common.h"
@@ -213,6 +211,16 @@ __device__ __forceinline__ void store_row(const float (&o)[kVTiles][4], int half
 template <KvFormat F>
 constexpr bool kMmaF16 = F == KvFormat::kFp8E4M3FN;
 
+// Whether QK accumulates its even and odd k-steps in separate chains (four
+// chains of at most 5 mma per warp instead of two of 9, summed before the
+// scores are stored). Measured on the H200 (docs/performance.md, session 6,
+// one build, A/B): MXFP4 gains 0.4-0.8 us at B = 32 and 64, kv = 1024 and
+// its geomean 1-2%; OCP fp8 loses ~3% at the large shapes (b256/kv8192 409
+// -> 424 us) and bf16 is unchanged (and would spill a register at sm_90a),
+// so those two keep two chains.
+template <KvFormat F>
+constexpr bool kSplitQkChains = F == KvFormat::kMxfp4;
+
 // Whether PV converts V from the raw fp8 stage itself (OCP e4m3: one cvt per
 // two codes) rather than reading rows the QK warps decoded. Measured on the
 // H200 (docs/performance.md, run 23): fp8 b256/kv8192 512 -> 449 us; the
@@ -232,7 +240,7 @@ __device__ __forceinline__ uint32_t fp8x2_to_operand(uint32_t codes) {
   }
 }
 
-template <KvFormat F, int kStagesT = FormatTraits<F>::kStages, bool kSplitQk = true>
+template <KvFormat F, int kStagesT = FormatTraits<F>::kStages>
 __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const DecodeLaunch args) {
   using L = SmemLayout<F, kStagesT>;
   constexpr int kStages = L::kStages;
@@ -244,6 +252,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
   // decoded and PV reads those (kDecode). See the PV step.
   constexpr bool kPvRaw = kPvReadsRawFp8<F>;
   constexpr bool kDecode = F != KvFormat::kBf16 && !kPvRaw;
+  constexpr bool kSplitQk = kSplitQkChains<F>;
 
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* smem_kv = smem + L::kKvOffset;
@@ -842,14 +851,7 @@ cudaError_t launch_split_kernel(const DecodeLaunch& args, cudaStream_t stream) {
       constexpr int kSmemDeep = SmemLayout<F, kDeepStages>::kTotal;
       static_assert(kSmemDeep <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
       static unsigned long long configured_deep = 0;
-      static const bool exp_one_chain_deep = std::getenv("MLA_DECODE_EXP") && std::atoi(std::getenv("MLA_DECODE_EXP")) == 1;
-      if (exp_one_chain_deep) {
-        static unsigned long long configured_deep_old = 0;
-        if (opt_in_dynamic_smem(mla_decode_split_kernel<F, kDeepStages, false>, kSmemDeep, configured_deep_old) == cudaSuccess) {
-          mla_decode_split_kernel<F, kDeepStages, false><<<grid, kThreads, kSmemDeep, stream>>>(args);
-          return cudaGetLastError();
-        }
-      } else if (opt_in_dynamic_smem(mla_decode_split_kernel<F, kDeepStages>, kSmemDeep, configured_deep) == cudaSuccess) {
+      if (opt_in_dynamic_smem(mla_decode_split_kernel<F, kDeepStages>, kSmemDeep, configured_deep) == cudaSuccess) {
         mla_decode_split_kernel<F, kDeepStages><<<grid, kThreads, kSmemDeep, stream>>>(args);
         return cudaGetLastError();
       }
@@ -858,15 +860,6 @@ cudaError_t launch_split_kernel(const DecodeLaunch& args, cudaStream_t stream) {
   }
   constexpr int kSmem = SmemLayout<F>::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
-  static const bool exp_one_chain = std::getenv("MLA_DECODE_EXP") && std::atoi(std::getenv("MLA_DECODE_EXP")) == 1;
-  if (exp_one_chain) {
-    static unsigned long long configured_old = 0;
-    constexpr int kS = FormatTraits<F>::kStages;
-    const cudaError_t err = opt_in_dynamic_smem(mla_decode_split_kernel<F, kS, false>, kSmem, configured_old);
-    if (err != cudaSuccess) return err;
-    mla_decode_split_kernel<F, kS, false><<<grid, kThreads, kSmem, stream>>>(args);
-    return cudaGetLastError();
-  }
   static unsigned long long configured_devices = 0;
   const cudaError_t err = opt_in_dynamic_smem(mla_decode_split_kernel<F>, kSmem, configured_devices);
   if (err != cudaSuccess) return err;
