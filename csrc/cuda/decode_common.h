@@ -46,6 +46,7 @@ struct DecodeLaunch {
   int32_t q_per_item;  // total_q / batch when it divides evenly (a guess for the
                        // token -> item lookup, checked on the device), else 0
   bool deep_pipeline;  // SplitPlan::deep_pipeline (host-side kernel choice)
+  bool fp8_wgmma;      // SplitPlan::fp8_wgmma (host-side kernel choice)
 };
 
 // Pipeline stages of the bf16 kernel when its grid is one wave of one CTA per

@@ -837,7 +837,7 @@ template <KvFormat F>
 cudaError_t launch_split_kernel(const DecodeLaunch& args, cudaStream_t stream) {
   if constexpr (F == KvFormat::kFp8E4M3FN) {
     // Hopper: both products on the fp8 tensor cores (sm90/decode_kernel_sm90.cuh).
-    if (fp8_uses_wgmma(args.p)) return launch_fp8_wgmma(args, stream);
+    if (args.fp8_wgmma) return launch_fp8_wgmma(args, stream);
   }
   const dim3 grid(static_cast<unsigned>(args.p.total_q) * args.head_groups, args.num_splits);
   if constexpr (F == KvFormat::kBf16) {

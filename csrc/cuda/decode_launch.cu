@@ -134,7 +134,8 @@ bool use_deep_pipeline(const MlaDecodeParams& p, int64_t ctas, int num_sms) {
 
 // The split count (and head groups) from shapes only; plan_splits adds the
 // kernel variant.
-SplitPlan plan_split_count(const MlaDecodeParams& p, int num_sms, int requested_splits) {
+// one_cta_per_sm: the Hopper fp8 kernel runs (8 warps, 212 KB of shared memory).
+SplitPlan plan_split_count(const MlaDecodeParams& p, int num_sms, int requested_splits, bool one_cta_per_sm) {
   SplitPlan plan;
   plan.head_groups = (p.num_heads + kTileRows - 1) / kTileRows;
   if (requested_splits > 0) {
@@ -152,11 +153,6 @@ SplitPlan plan_split_count(const MlaDecodeParams& p, int num_sms, int requested_
   } else {
     est_len = p.num_cache_rows / std::max<int32_t>(p.batch, 1);
   }
-#if MLA_PLATFORM_HIP
-  const bool one_cta_per_sm = false;
-#else
-  const bool one_cta_per_sm = fp8_uses_wgmma(p);  // the Hopper fp8 kernel: 8 warps, 212 KB
-#endif
   // Two CTAs per SM fit in shared memory (mma.sync and MFMA kernels).
   const int64_t slots = static_cast<int64_t>(num_sms) * (one_cta_per_sm ? 1 : 2);
   int64_t splits = (slots + tiles / 2) / tiles;              // round to the nearest whole wave
@@ -199,7 +195,13 @@ SplitPlan plan_split_count(const MlaDecodeParams& p, int num_sms, int requested_
 }  // namespace
 
 SplitPlan plan_splits(const MlaDecodeParams& p, int num_sms, int requested_splits) {
-  SplitPlan plan = plan_split_count(p, num_sms, requested_splits);
+#if MLA_PLATFORM_HIP
+  const bool fp8_wgmma = false;
+#else
+  const bool fp8_wgmma = fp8_uses_wgmma(p);
+#endif
+  SplitPlan plan = plan_split_count(p, num_sms, requested_splits, fp8_wgmma);
+  plan.fp8_wgmma = fp8_wgmma;
   plan.deep_pipeline = use_deep_pipeline(
       p, static_cast<int64_t>(p.total_q) * plan.head_groups * plan.num_splits, num_sms);
   return plan;
@@ -219,6 +221,7 @@ cudaError_t launch_decode(const MlaDecodeParams& p, const SplitPlan& plan, void*
   args.head_groups = plan.head_groups;
   args.q_per_item = (p.batch > 0 && p.total_q % p.batch == 0) ? p.total_q / p.batch : 0;
   args.deep_pipeline = plan.deep_pipeline;
+  args.fp8_wgmma = plan.fp8_wgmma;
   args.partial_out = nullptr;
   args.partial_lse = nullptr;
   if (plan.num_splits > 1) {

@@ -19,6 +19,9 @@ struct SplitPlan {
   // NVIDIA bf16: the grid is at most one CTA per SM, so the kernel variant with
   // a deeper cp.async ring (one CTA per SM by shared memory) runs.
   bool deep_pipeline = false;
+  // NVIDIA OCP fp8: the call runs on the Hopper wgmma kernel (fp8_uses_wgmma,
+  // decided once here, so the plan and the launch cannot disagree).
+  bool fp8_wgmma = false;
 };
 
 // Chooses the split count from shapes only (no device reads): enough CTAs to
