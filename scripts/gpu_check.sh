@@ -1,13 +1,26 @@
 #!/usr/bin/env bash
 # One device session: build the CUDA extension, run the whole test suite
-# (GPU tests included), optionally the benchmark and compute-sanitizer, and
-# leave logs under $OUT (or ./gpu_out). Usage: scripts/gpu_check.sh [tests] [bench] [sanitize]
-# (sanitize also runs the fp8 cases on the opt-in Hopper kernel, MLA_DECODE_FP8_KERNEL=wgmma)
+# (GPU tests included), optionally the benchmark, an A/B comparison and
+# compute-sanitizer, and leave logs under $OUT (or ./gpu_out).
+#   Usage: scripts/gpu_check.sh [tests] [bench] [ab] [sanitize]
+#   tests     the whole pytest suite
+#   bench     benchmarks/bench_decode.py (competition protocol + H = 128 sweep)
+#   ab        the competition protocol only, alternately with MLA_DECODE_EXP set to
+#             each value of $AB (default "0 1 0 1"), for an experiment switch read
+#             by the code under test; scripts/ab_table.py prints the per-shape table
+#   sanitize  memcheck and racecheck on scripts/sanitize_cases.py, also for the
+#             fp8 cases on the opt-in Hopper kernel (MLA_DECODE_FP8_KERNEL=wgmma)
+# Every step has a time limit and writes its log straight into $OUT, so a hang
+# or a step cut short still leaves what it printed (the device returns $OUT
+# even when the call runs out of time). A test that hangs is reported by
+# pytest's faulthandler after $HANG_S seconds with the Python stack of the
+# waiting call (session 6: a deadlocked kernel showed as a host wait in .cpu()).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a} MLA_DECODE_CUDA=1 PYTHONUNBUFFERED=1
+TESTS_S=${TESTS_S:-300} BENCH_S=${BENCH_S:-240} AB_RUN_S=${AB_RUN_S:-60} SANITIZE_S=${SANITIZE_S:-120} HANG_S=${HANG_S:-60}
 steps=${*:-tests bench}
 {
   echo "== $(date -u +%FT%TZ) commit ${GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)} $(git status --porcelain 2>/dev/null | wc -l) dirty files"
@@ -19,19 +32,39 @@ python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -50 "$OUT
 echo "build: $(( $(date +%s) - t0 )) s"; grep -E "registers|spill" "$OUT/build.log" | sort | uniq | head -20
 rc=0
 for step in $steps; do
+  t0=$(date +%s)
   case $step in
     tests)
-      python3 -m pytest -q -x -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest.log" | tail -25 || rc=1 ;;
+      timeout "$TESTS_S" python3 -m pytest -q -x -p no:cacheprovider -o faulthandler_timeout="$HANG_S" tests \
+        > "$OUT/pytest.log" 2>&1
+      r=$?; [ $r -ne 0 ] && rc=1
+      [ $r -eq 124 ] && echo "pytest: TIMED OUT after $TESTS_S s (a hang? see the faulthandler stack in pytest.log)"
+      grep -E "passed|failed|Timeout|Error" "$OUT/pytest.log" | tail -8 ;;
     bench)
-      python3 benchmarks/bench_decode.py --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" | tail -40 || rc=1 ;;
+      timeout "$BENCH_S" python3 benchmarks/bench_decode.py --no-progress --out "$OUT/bench" > "$OUT/bench.log" 2>&1 || rc=1
+      rm -f "$OUT"/bench/*.png "$OUT"/bench/results.json  # the device returns few files; the CSVs and the log suffice
+      sed -n '/^SUMMARY/,$p' "$OUT/bench.log" ;;
+    ab)
+      : > "$OUT/ab.log"
+      for e in ${AB:-0 1 0 1}; do
+        echo "## MLA_DECODE_EXP=$e" >> "$OUT/ab.log"
+        MLA_DECODE_EXP=$e timeout "$AB_RUN_S" python3 benchmarks/bench_decode.py --skip-sweep --no-progress \
+          --no-accuracy --out "/tmp/ab_$e" >> "$OUT/ab.log" 2>&1 || rc=1
+      done
+      python3 scripts/ab_table.py "$OUT/ab.log" ;;
     sanitize)
       for tool in memcheck racecheck; do
-        compute-sanitizer --tool $tool --error-exitcode 9 python3 scripts/sanitize_cases.py > "$OUT/sanitize_$tool.log" 2>&1
-        echo "compute-sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)"
-        MLA_DECODE_FP8_KERNEL=wgmma compute-sanitizer --tool $tool --error-exitcode 9 python3 scripts/sanitize_cases.py fp8 \
-          > "$OUT/sanitize_${tool}_wgmma.log" 2>&1
-        echo "compute-sanitizer $tool (fp8, wgmma kernel): rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_${tool}_wgmma.log" | tail -1)"
+        timeout "$SANITIZE_S" compute-sanitizer --tool $tool --error-exitcode 9 python3 scripts/sanitize_cases.py \
+          > "$OUT/sanitize_$tool.log" 2>&1
+        r=$?; [ $r -ne 0 ] && rc=1
+        echo "compute-sanitizer $tool: rc=$r $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)"
+        MLA_DECODE_FP8_KERNEL=wgmma timeout "$SANITIZE_S" compute-sanitizer --tool $tool --error-exitcode 9 \
+          python3 scripts/sanitize_cases.py fp8 > "$OUT/sanitize_${tool}_wgmma.log" 2>&1
+        r=$?; [ $r -ne 0 ] && rc=1
+        echo "compute-sanitizer $tool (fp8, wgmma kernel): rc=$r $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_${tool}_wgmma.log" | tail -1)"
       done ;;
+    *) echo "gpu_check: unknown step '$step' (tests, bench, ab, sanitize)"; rc=1 ;;
   esac
+  echo "$step: $(( $(date +%s) - t0 )) s"
 done
 exit $rc
