@@ -83,3 +83,24 @@ def test_nan_in_used_row_propagates(device):
     out, lse = run_op(case)
     assert torch.isnan(out).all()
     assert torch.isnan(lse).all()
+
+
+def test_mxfp4_block_scales_far_from_one(device):
+    """Block exponents on both sides of 2^1, mixed within each token (even tokens E in
+    110..126, odd tokens 118..134, so most odd tokens have blocks above 2^1 and below):
+    the kernels apply the E8M0 scale to bf16 values, where 2^(E-1) overflows for E > 128,
+    so large scales must not overflow and small blocks next to them must not vanish."""
+    cpu = torch.device("cpu")
+    case = make_case("mxfp4", "indptr", 16, 2, [150, 0, 70], seed=71, device=cpu)
+    start, end = int(case.kv_indptr[0]), int(case.kv_indptr[-1])
+    gen = torch.Generator().manual_seed(71)
+    low = torch.where(torch.arange(end - start) % 2 == 0, 110, 118)
+    exps = low[:, None] + torch.randint(0, 17, (end - start, 18), generator=gen)
+    case.kv_scale.view(torch.uint8)[start:end, :18] = exps.to(torch.uint8)
+    from mla_decode.reference import dequantize_cache, reference_decode
+    case.ref_out, case.ref_lse = reference_decode(case.q, dequantize_cache(case.kv, case.kv_scale), case.qo_indptr,
+                                                  SM_SCALE, kv_indptr=case.kv_indptr)
+    for name in ("q", "kv", "kv_scale", "qo_indptr", "kv_indptr"):
+        setattr(case, name, getattr(case, name).to(device))
+    out, lse = run_op(case)
+    check_against_reference(case, out, lse)
