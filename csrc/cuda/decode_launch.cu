@@ -153,12 +153,13 @@ SplitPlan plan_split_count(const MlaDecodeParams& p, int num_sms, int requested_
   } else {
     est_len = p.num_cache_rows / std::max<int32_t>(p.batch, 1);
   }
-  // Two CTAs per SM fit in shared memory (mma.sync and MFMA kernels).
-  const int64_t slots = static_cast<int64_t>(num_sms) * (one_cta_per_sm ? 1 : 2);
-  int64_t splits = (slots + tiles / 2) / tiles;              // round to the nearest whole wave
   const int tile_tokens = one_cta_per_sm ? kBlockNWgmma : kBlockN;
   const int64_t max_tiles = std::max<int64_t>(1, est_len / tile_tokens);
-  splits = std::min<int64_t>(splits, max_tiles);
+  // Splits that fill `slots` CTA slots with the nearest whole wave, and leave
+  // each split at least one tile.
+  auto one_wave_of = [&](int64_t slots) { return std::min<int64_t>((slots + tiles / 2) / tiles, max_tiles); };
+  // Two CTAs per SM fit in shared memory (mma.sync and MFMA kernels).
+  int64_t splits = one_wave_of(static_cast<int64_t>(num_sms) * (one_cta_per_sm ? 1 : 2));
 #if !MLA_PLATFORM_HIP
   // OCP fp8 and bf16 on the mma.sync kernel, one head group (H <= 16): when a
   // wave of two CTAs per SM leaves a split at most 4 tiles, the per-CTA fixed
@@ -179,7 +180,7 @@ SplitPlan plan_split_count(const MlaDecodeParams& p, int num_sms, int requested_
   const int64_t one_wave_max_tiles = p.format == KvFormat::kFp8E4M3FN ? 8 : 4;
   if (one_wave_rule && !one_cta_per_sm && plan.head_groups == 1 && splits > 1 &&
       max_tiles / splits <= one_wave_max_tiles) {
-    splits = std::min<int64_t>((static_cast<int64_t>(num_sms) + tiles / 2) / tiles, max_tiles);
+    splits = one_wave_of(num_sms);
   }
 #endif
   // At most kMaxPlannedSplits (decode_common.h). NVIDIA, 32: beyond that the
