@@ -10,6 +10,10 @@
 #             by the code under test; scripts/ab_table.py prints the per-shape table
 #   sanitize  memcheck and racecheck on scripts/sanitize_cases.py, also for the
 #             fp8 cases on the opt-in Hopper kernel (MLA_DECODE_FP8_KERNEL=wgmma)
+# Narrowing (for a second pass over one kernel in the same call):
+#   TESTS_K="mxfp4"           pytest -k expression for the tests step
+#   SANITIZE_FORMATS="mxfp4"  formats for the sanitize step (the wgmma pass runs
+#                             only when fp8 is among them)
 # Every step has a time limit and writes its log straight into $OUT, so a hang
 # or a step cut short still leaves what it printed (the device returns $OUT
 # even when the call runs out of time). A test that hangs is reported by
@@ -35,7 +39,7 @@ for step in $steps; do
   t0=$(date +%s)
   case $step in
     tests)
-      timeout "$TESTS_S" python3 -m pytest -q -x -p no:cacheprovider -o faulthandler_timeout="$HANG_S" tests \
+      timeout "$TESTS_S" python3 -m pytest -q -x -p no:cacheprovider -o faulthandler_timeout="$HANG_S" ${TESTS_K:+-k "$TESTS_K"} tests \
         > "$OUT/pytest.log" 2>&1
       r=$?; [ $r -ne 0 ] && rc=1
       [ $r -eq 124 ] && echo "pytest: TIMED OUT after $TESTS_S s (a hang? see the faulthandler stack in pytest.log)"
@@ -55,9 +59,10 @@ for step in $steps; do
     sanitize)
       for tool in memcheck racecheck; do
         timeout "$SANITIZE_S" compute-sanitizer --tool $tool --error-exitcode 9 python3 scripts/sanitize_cases.py \
-          > "$OUT/sanitize_$tool.log" 2>&1
+          ${SANITIZE_FORMATS:-} > "$OUT/sanitize_$tool.log" 2>&1
         r=$?; [ $r -ne 0 ] && rc=1
         echo "compute-sanitizer $tool: rc=$r $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)"
+        case " ${SANITIZE_FORMATS:-fp8} " in *" fp8 "*) ;; *) continue ;; esac
         MLA_DECODE_FP8_KERNEL=wgmma timeout "$SANITIZE_S" compute-sanitizer --tool $tool --error-exitcode 9 \
           python3 scripts/sanitize_cases.py fp8 > "$OUT/sanitize_${tool}_wgmma.log" 2>&1
         r=$?; [ $r -ne 0 ] && rc=1
