@@ -97,7 +97,12 @@ def log(msg: str = "") -> None:
 # --------------------------------------------------------------------------------------
 
 def git_info() -> dict:
+    """The commit measured. $GIT_COMMIT wins: a copy of the tree on a remote
+    machine can carry a stale .git (the H200 copy reported the previous commit)."""
     info = {"commit": None, "dirty": None}
+    if os.environ.get("GIT_COMMIT"):
+        info["commit"] = os.environ["GIT_COMMIT"]
+        return info
     try:
         info["commit"] = subprocess.check_output(
             ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, text=True, stderr=subprocess.DEVNULL).strip()

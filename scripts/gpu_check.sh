@@ -23,17 +23,18 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
+export GIT_COMMIT=${GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a} MLA_DECODE_CUDA=1 PYTHONUNBUFFERED=1
 TESTS_S=${TESTS_S:-300} BENCH_S=${BENCH_S:-240} AB_RUN_S=${AB_RUN_S:-60} SANITIZE_S=${SANITIZE_S:-120} HANG_S=${HANG_S:-60}
 steps=${*:-tests bench}
 {
-  echo "== $(date -u +%FT%TZ) commit ${GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)} $(git status --porcelain 2>/dev/null | wc -l) dirty files"
+  echo "== $(date -u +%FT%TZ) commit $GIT_COMMIT $(git status --porcelain 2>/dev/null | wc -l) dirty files"
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 } | tee "$OUT/env.txt"
 t0=$(date +%s)
 python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; echo BUILD FAILED; exit 1; }
-echo "build: $(( $(date +%s) - t0 )) s"; grep -E "registers|spill" "$OUT/build.log" | sort | uniq | head -20
+echo "build: $(( $(date +%s) - t0 )) s"; grep -E "^ptxas|bytes spill" "$OUT/build.log" | sort | uniq | head -20
 rc=0
 for step in $steps; do
   t0=$(date +%s)
