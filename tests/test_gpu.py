@@ -154,3 +154,61 @@ def test_fp8_suite_on_the_hopper_wgmma_kernel():
                            "(fp8 or odd_head) and not fnuz and not hopper"], env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and " failed" not in proc.stdout
+
+
+def _nvidia_gpu():
+    return torch.cuda.is_available() and torch.version.hip is None
+
+
+# 99 KB: the per-block shared-memory opt-in limit of sm_86 / sm_89 / sm_120 parts,
+# below which fp8 (103 KB), e4m3fnuz (102.5 KB) and MXFP4 (107 KB) run a ring of
+# one stage less, and bf16 never takes its 156 KB deep ring.
+SMEM_99KB = 99 * 1024
+
+
+@pytest.mark.skipif(not _nvidia_gpu(), reason="the mma.sync kernel's ring depths are NVIDIA-only")
+def test_suite_within_99kb_of_shared_memory_per_block():
+    """Every format's matrix, forced splits and odd head counts again, in a child process
+    planned as on a 99 KB device (MLA_DECODE_SMEM_LIMIT, read once per process). Without
+    the shallower rings the fp8 / fnuz / MXFP4 calls would raise (their default needs more)."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, MLA_DECODE_SMEM_LIMIT=str(SMEM_99KB))
+    env.pop("MLA_DECODE_FP8_KERNEL", None)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                           "matrix or forced_splits or odd_head or alternating"],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout and " failed" not in proc.stdout
+
+
+@pytest.mark.skipif(not _nvidia_gpu(), reason="the mma.sync kernel's ring depths are NVIDIA-only")
+def test_too_little_shared_memory_is_a_clear_error():
+    """With 64 KB per block no built ring fits any format: each call raises a RuntimeError
+    naming the bytes needed and the limit, instead of a bare launch failure."""
+    import os
+    import subprocess
+    import sys
+    script = f"""
+import sys, torch
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+import mla_decode
+from cases import FORMATS, make_case
+for fmt in FORMATS:
+    case = make_case(fmt, "indptr", 16, 1, [40, 7], seed=3, device=torch.device("cuda"))
+    try:
+        torch.ops.mla_decode.decode(*case.args(), 0)
+    except RuntimeError as e:
+        msg = str(e)
+        assert "bytes of shared memory per block" in msg and "65536" in msg and "MLA_DECODE_SMEM_LIMIT" in msg, msg
+        print("raised", fmt)
+    else:
+        raise SystemExit("no error for " + fmt)
+"""
+    env = dict(os.environ, MLA_DECODE_SMEM_LIMIT="65536")
+    env.pop("MLA_DECODE_FP8_KERNEL", None)
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    from cases import FORMATS
+    assert proc.stdout.count("raised ") == len(FORMATS), proc.stdout

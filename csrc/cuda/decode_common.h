@@ -45,13 +45,9 @@ struct DecodeLaunch {
   int32_t head_groups;
   int32_t q_per_item;  // total_q / batch when it divides evenly (a guess for the
                        // token -> item lookup, checked on the device), else 0
-  bool deep_pipeline;  // SplitPlan::deep_pipeline (host-side kernel choice)
+  int32_t stages;      // SplitPlan::stages (host-side kernel choice)
   bool fp8_wgmma;      // SplitPlan::fp8_wgmma (host-side kernel choice)
 };
-
-// Pipeline stages of the bf16 kernel when its grid is one wave of one CTA per
-// SM (SplitPlan::deep_pipeline); the default two leave room for two CTAs.
-constexpr int kDeepStages = 4;
 
 constexpr int kBlockNWgmma = 64;  // tokens per stage of the Hopper fp8 kernel (below)
 

@@ -43,6 +43,7 @@
 #include "../mla_decode/addressing.h"
 #include "../mla_decode/params.h"
 #include "decode_common.h"
+#include "decode_smem.h"
 #include "decode_work.cuh"
 #include "ptx_sm80.cuh"
 #include "trace.cuh"
@@ -52,68 +53,10 @@ namespace cuda {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = 8;
-constexpr int kDimGroups = 4;            // QK: warps split the 576 dims four ways...
 constexpr int kTokGroups = 2;            // ...and the 32 tokens two ways
 constexpr int kKStepsPerWarp = 9;        // 576 / 16 / kDimGroups
 constexpr int kVDimsPerWarp = 64;        // 512 / 8 warps
 constexpr int kVTiles = kVDimsPerWarp / 8;  // n-tiles of the PV accumulator
-constexpr int kRedStride = kBlockN + 4;  // floats per row of a partial score tile
-constexpr int kPStride = kBlockN + 8;    // bf16 per row of the P tile
-constexpr int kScaleStride = 20;         // u32 per token of the MXFP4 scale table (18 used)
-
-template <KvFormat F>
-struct FormatTraits;
-template <>
-struct FormatTraits<KvFormat::kBf16> {
-  static constexpr int kRowBytes = 1152;
-  static constexpr int kStages = 2;
-};
-template <>
-struct FormatTraits<KvFormat::kFp8E4M3FN> {
-  static constexpr int kRowBytes = 576;
-  static constexpr int kStages = 5;  // no decoded tile (PV reads the raw stage), so deeper prefetch fits
-};
-template <>
-struct FormatTraits<KvFormat::kFp8E4M3FNUZ> {
-  static constexpr int kRowBytes = 576;
-  static constexpr int kStages = 3;
-};
-template <>
-struct FormatTraits<KvFormat::kMxfp4> {
-  static constexpr int kRowBytes = 288;
-  static constexpr int kStages = 5;  // 103 KB with the decoded tile: two CTAs per SM still fit
-};
-
-// kStagesT: the cp.async ring depth; the format's default, or kDeepStages for
-// the variant that runs one CTA per SM (see launch_split_kernel).
-template <KvFormat F, int kStagesT = FormatTraits<F>::kStages>
-struct SmemLayout {
-  static constexpr int kRowBytes = FormatTraits<F>::kRowBytes;
-  static constexpr int kStages = kStagesT;
-  static constexpr int kRowSmem = kRowBytes + 16;
-  static constexpr int kStageBytes = kBlockN * kRowSmem;
-  static constexpr int kKvOffset = 0;
-  static constexpr int kScaleOffset = kKvOffset + kStages * kStageBytes;
-  // MXFP4: the two bf16 factors of each (token, block) scale, one u32.
-  static constexpr int kScaleBytes = (F == KvFormat::kMxfp4) ? kStages * kBlockN * kScaleStride * 4 : 0;
-  // MXFP4 and e4m3fnuz: the QK warps write the K rows they decoded (bf16,
-  // 576 values + 16 bytes of padding per token) here, and PV reads V from it,
-  // so every cache element is decoded once. (OCP fp8 decodes V again in PV:
-  // one instruction per two codes costs less than this tile's traffic.)
-  static constexpr int kDecRowSmem = 2 * kHeadDimQK + 16;
-  static constexpr int kDecOffset = kScaleOffset + kScaleBytes;
-  static constexpr int kDecBytes = (F == KvFormat::kBf16 || F == KvFormat::kFp8E4M3FN) ? 0 : kBlockN * kDecRowSmem;
-  static constexpr int kFlagOffset = kDecOffset + kDecBytes;
-  static constexpr int kFlagBytes = kStages * 16;  // one 32-bit bad-row mask per stage (16-byte aligned)
-  static constexpr int kRedOffset = kFlagOffset + kFlagBytes;
-  static constexpr int kRedBytes = kDimGroups * kTileRows * kRedStride * 4;
-  static constexpr int kPOffset = kRedOffset + kRedBytes;
-  static constexpr int kPBytes = kTileRows * kPStride * 2;
-  static constexpr int kStatOffset = kPOffset + kPBytes;
-  static constexpr int kStatBytes = 3 * kTileRows * 4;  // alpha, m, l per row
-  static constexpr int kTotal = kStatOffset + kStatBytes;
-};
-
 // The 3 bits of x (0..7) reversed: the QK column -> token order (see the QK loop).
 __device__ __forceinline__ int brev3(int x) { return ((x & 1) << 2) | (x & 2) | (x >> 2); }
 
@@ -332,9 +275,9 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
   // Lane n of every warp resolves the cache row of token n of the tile; rows
   // are exchanged with shuffles. -2: past the range (zero-fill), -1: bad index.
   // The contiguous layout (the competition's) needs no per-tile lookup: row =
-  // kv_indptr[b] + j, with kv_indptr[b] read once here.
+  // kv_indptr[b] + j, with kv_indptr[b] from the work lookup (WorkItem::kv_start).
   const bool contiguous = p.layout == KvLayout::kIndptr;
-  const int64_t contiguous_base = (contiguous && !orphan) ? static_cast<int64_t>(__ldg(p.kv_indptr + b)) : 0;
+  const int64_t contiguous_base = contiguous ? static_cast<int64_t>(work.kv_start) : 0;
   auto tile_row = [&](int tile_idx) -> int {
     const int j = kv_begin + tile_idx * kBlockN + lane;
     if (j >= kv_end) return -2;
@@ -831,8 +774,23 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
   trace.print("split");
 }
 
-// Launches mla_decode_split_kernel<F>; explicitly instantiated per format in
-// decode_<format>.cu so the formats compile in parallel.
+// Launches mla_decode_split_kernel<F, kStagesT> on `grid`, raising its
+// dynamic shared-memory limit first (once per device).
+template <KvFormat F, int kStagesT>
+cudaError_t launch_ring(const DecodeLaunch& args, dim3 grid, cudaStream_t stream) {
+  constexpr int kSmem = SmemLayout<F, kStagesT>::kTotal;
+  static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
+  static unsigned long long configured_devices = 0;
+  const cudaError_t err = opt_in_dynamic_smem(mla_decode_split_kernel<F, kStagesT>, kSmem, configured_devices);
+  if (err != cudaSuccess) return err;
+  mla_decode_split_kernel<F, kStagesT><<<grid, kThreads, kSmem, stream>>>(args);
+  return cudaGetLastError();
+}
+
+// Launches the split kernel of format F with the ring depth the plan chose
+// (SplitPlan::stages: the format's default or its alternative, decode_smem.h);
+// explicitly instantiated per format in decode_<format>.cu so the formats
+// compile in parallel.
 template <KvFormat F>
 cudaError_t launch_split_kernel(const DecodeLaunch& args, cudaStream_t stream) {
   if constexpr (F == KvFormat::kFp8E4M3FN) {
@@ -840,31 +798,10 @@ cudaError_t launch_split_kernel(const DecodeLaunch& args, cudaStream_t stream) {
     if (args.fp8_wgmma) return launch_fp8_wgmma(args, stream);
   }
   const dim3 grid(static_cast<unsigned>(args.p.total_q) * args.head_groups, args.num_splits);
-  if constexpr (F == KvFormat::kBf16) {
-    if (args.deep_pipeline) {
-      // One CTA per SM (the plan's whole grid fits one wave): shared memory for
-      // kDeepStages stages instead of two, so two tiles stay in flight behind
-      // the one being computed (with two stages and no second CTA on the SM,
-      // each tile's load latency was exposed).
-      // A device whose opt-in limit is below its 157 KB (sm_86 / sm_89: 99 KB)
-      // refuses the opt-in; the 2-stage kernel below runs there instead.
-      constexpr int kSmemDeep = SmemLayout<F, kDeepStages>::kTotal;
-      static_assert(kSmemDeep <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
-      static unsigned long long configured_deep = 0;
-      if (opt_in_dynamic_smem(mla_decode_split_kernel<F, kDeepStages>, kSmemDeep, configured_deep) == cudaSuccess) {
-        mla_decode_split_kernel<F, kDeepStages><<<grid, kThreads, kSmemDeep, stream>>>(args);
-        return cudaGetLastError();
-      }
-      (void)cudaGetLastError();  // clear the refused opt-in (not a sticky error)
-    }
-  }
-  constexpr int kSmem = SmemLayout<F>::kTotal;
-  static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
-  static unsigned long long configured_devices = 0;
-  const cudaError_t err = opt_in_dynamic_smem(mla_decode_split_kernel<F>, kSmem, configured_devices);
-  if (err != cudaSuccess) return err;
-  mla_decode_split_kernel<F><<<grid, kThreads, kSmem, stream>>>(args);
-  return cudaGetLastError();
+  using T = FormatTraits<F>;
+  if (args.stages == T::kStages) return launch_ring<F, T::kStages>(args, grid, stream);
+  if (args.stages == T::kAltStages) return launch_ring<F, T::kAltStages>(args, grid, stream);
+  return cudaErrorInvalidValue;  // not a depth built for F: a planning bug, reported by the dispatcher
 }
 
 }  // namespace cuda

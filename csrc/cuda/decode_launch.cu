@@ -5,6 +5,7 @@
 #include "../mla_decode/portability.h"
 #include "decode_common.h"
 #include "decode_launch.h"
+#include "decode_smem.h"
 #include "trace.cuh"
 
 namespace mla_decode {
@@ -121,21 +122,13 @@ __global__ void __launch_bounds__(kCombineRowThreads * kRows) combine_kernel(con
   trace.print("combine");
 }
 
-// Whether a bf16 grid of `ctas` CTAs runs the deep-pipeline variant: NVIDIA
-// only, and only when the grid is at most one wave of one CTA per SM.
-bool use_deep_pipeline(const MlaDecodeParams& p, int64_t ctas, int num_sms) {
-#if MLA_PLATFORM_HIP
-  (void)p; (void)ctas; (void)num_sms;
-  return false;
-#else
-  return p.format == KvFormat::kBf16 && ctas <= num_sms;
-#endif
-}
-
 // The split count (and head groups) from shapes only; plan_splits adds the
 // kernel variant.
-// one_cta_per_sm: the Hopper fp8 kernel runs (8 warps, 212 KB of shared memory).
-SplitPlan plan_split_count(const MlaDecodeParams& p, int num_sms, int requested_splits, bool one_cta_per_sm) {
+//   ctas_per_sm:   CTAs of the split kernel that fit on an SM (shared memory);
+//   tile_tokens:   keys per pipeline stage (the kernel's split granularity);
+//   one_wave_rule: the mma.sync kernel may take the one-CTA-per-SM wave below.
+SplitPlan plan_split_count(const MlaDecodeParams& p, int num_sms, int requested_splits, int ctas_per_sm,
+                           int tile_tokens, bool one_wave_rule) {
   SplitPlan plan;
   plan.head_groups = (p.num_heads + kTileRows - 1) / kTileRows;
   if (requested_splits > 0) {
@@ -153,35 +146,35 @@ SplitPlan plan_split_count(const MlaDecodeParams& p, int num_sms, int requested_
   } else {
     est_len = p.num_cache_rows / std::max<int32_t>(p.batch, 1);
   }
-  const int tile_tokens = one_cta_per_sm ? kBlockNWgmma : kBlockN;
   const int64_t max_tiles = std::max<int64_t>(1, est_len / tile_tokens);
   // Splits that fill `slots` CTA slots with the nearest whole wave, and leave
   // each split at least one tile.
   auto one_wave_of = [&](int64_t slots) { return std::min<int64_t>((slots + tiles / 2) / tiles, max_tiles); };
-  // Two CTAs per SM fit in shared memory (mma.sync and MFMA kernels).
-  int64_t splits = one_wave_of(static_cast<int64_t>(num_sms) * (one_cta_per_sm ? 1 : 2));
+  int64_t splits = one_wave_of(static_cast<int64_t>(num_sms) * ctas_per_sm);
 #if !MLA_PLATFORM_HIP
   // OCP fp8 and bf16 on the mma.sync kernel, one head group (H <= 16): when a
   // wave of two CTAs per SM leaves a split at most 4 tiles, the per-CTA fixed
   // costs (lookups, Q, prologue, one more partial to write and combine)
   // outweigh the second CTA, and a wave of one CTA per SM is faster, provided
-  // that CTA keeps several tiles in flight (fp8: 5 stages; bf16: the
-  // deep-pipeline variant, which such a grid selects, see plan_splits).
+  // that CTA keeps several tiles in flight (fp8: 4 or 5 stages; bf16: the
+  // 4-stage ring, which such a grid selects where it fits, see plan_splits;
+  // the caller passes one_wave_rule false where it does not).
   // Measured on the H200: fp8 B=32, kv=1024 21.4 us with 4 splits against
   // 24.0 with 8 (forced split counts, docs/perf_runs/run39-split-sweep.txt);
-  // bf16 24.6 against 25.3 (session 5, run47, with the deep pipeline; with
-  // two stages 4 splits were slower, 26.5 against 25.0). MXFP4 is faster with
+  // bf16 24.6 against 25.3 (session 5, run47, with the deep ring; with two
+  // stages 4 splits were slower, 26.5 against 25.0). MXFP4 is faster with
   // 8 (25.4 against 26.5). B=4 stays at the 32-split cap. Not measured at
   // H > 16, so not applied there. fp8 takes the rule up to 8 tiles per split
   // (session 6 split sweep, docs/perf_runs/run50-split-sweep.txt: B=64,
   // kv=1024 28.8 us with 2 splits against 29.9 with 4); bf16 does not (37.4
   // against 36.8).
-  const bool one_wave_rule = p.format == KvFormat::kFp8E4M3FN || p.format == KvFormat::kBf16;
   const int64_t one_wave_max_tiles = p.format == KvFormat::kFp8E4M3FN ? 8 : 4;
-  if (one_wave_rule && !one_cta_per_sm && plan.head_groups == 1 && splits > 1 &&
+  if (one_wave_rule && ctas_per_sm > 1 && plan.head_groups == 1 && splits > 1 &&
       max_tiles / splits <= one_wave_max_tiles) {
     splits = one_wave_of(num_sms);
   }
+#else
+  (void)one_wave_rule;
 #endif
   // At most kMaxPlannedSplits (decode_common.h). NVIDIA, 32: beyond that the
   // combine (one row per block, reading every split's 2 KB partial) costs
@@ -195,17 +188,47 @@ SplitPlan plan_split_count(const MlaDecodeParams& p, int num_sms, int requested_
 }
 }  // namespace
 
-SplitPlan plan_splits(const MlaDecodeParams& p, int num_sms, int requested_splits) {
+SplitPlan plan_splits(const MlaDecodeParams& p, const DeviceLimits& device, int requested_splits) {
 #if MLA_PLATFORM_HIP
-  const bool fp8_wgmma = false;
+  // The MFMA kernel: two workgroups per CU, LDS within the 64 KB every CDNA
+  // part has.
+  return plan_split_count(p, device.num_sms, requested_splits, 2, kBlockN, false);
 #else
-  const bool fp8_wgmma = fp8_uses_wgmma(p);
-#endif
-  SplitPlan plan = plan_split_count(p, num_sms, requested_splits, fp8_wgmma);
-  plan.fp8_wgmma = fp8_wgmma;
-  plan.deep_pipeline = use_deep_pipeline(
-      p, static_cast<int64_t>(p.total_q) * plan.head_groups * plan.num_splits, num_sms);
+  if (fp8_uses_wgmma(p)) {
+    // One CTA per SM (8 warps, 212 KB of shared memory), 64-token stages.
+    SplitPlan plan = plan_split_count(p, device.num_sms, requested_splits, 1, kBlockNWgmma, false);
+    plan.fp8_wgmma = true;
+    return plan;
+  }
+  // The mma.sync kernel. Its default ring where the device allows it, else
+  // the format's shallower one (sm_86 / sm_89 / sm_120 allow 99 KB per block;
+  // fp8's default needs 103 KB, MXFP4's 107 KB). When neither fits, the plan
+  // keeps the default and the dispatcher reports the shortfall.
+  auto fits = [&](int stages) {
+    const int bytes = split_kernel_smem_bytes(p.format, stages);
+    return bytes > 0 && bytes <= device.smem_per_block_optin;
+  };
+  const int default_stages = default_ring_stages(p.format);
+  const int alt_stages = alt_ring_stages(p.format);
+  int stages = default_stages;
+  if (!fits(default_stages) && alt_stages < default_stages && fits(alt_stages)) stages = alt_stages;
+  // CTAs per SM by shared memory (1 KB per CTA is reserved by the hardware):
+  // two on sm_90 for every format; one on sm_80 (164 KB) and on 100 KB parts.
+  const int per_cta = split_kernel_smem_bytes(p.format, stages) + 1024;
+  const int ctas_per_sm = std::max(1, std::min(2, device.smem_per_sm / per_cta));
+  // bf16's one-wave rule was tuned with its deeper ring (a lone CTA with two
+  // stages is slower), so it applies only where that ring fits.
+  const bool bf16_deep_fits = p.format == KvFormat::kBf16 && fits(alt_stages);
+  const bool one_wave_rule = p.format == KvFormat::kFp8E4M3FN || bf16_deep_fits;
+  SplitPlan plan = plan_split_count(p, device.num_sms, requested_splits, ctas_per_sm, kBlockN, one_wave_rule);
+  // bf16 grids of at most one CTA per SM take the deeper ring: with two stages
+  // and no second CTA on the SM, each tile's load latency is exposed.
+  const int64_t ctas = static_cast<int64_t>(p.total_q) * plan.head_groups * plan.num_splits;
+  if (bf16_deep_fits && ctas <= device.num_sms) stages = alt_stages;
+  plan.stages = stages;
+  plan.smem_bytes = split_kernel_smem_bytes(p.format, stages);
   return plan;
+#endif
 }
 
 size_t workspace_bytes(const MlaDecodeParams& p, const SplitPlan& plan) {
@@ -221,7 +244,7 @@ cudaError_t launch_decode(const MlaDecodeParams& p, const SplitPlan& plan, void*
   args.num_splits = plan.num_splits;
   args.head_groups = plan.head_groups;
   args.q_per_item = (p.batch > 0 && p.total_q % p.batch == 0) ? p.total_q / p.batch : 0;
-  args.deep_pipeline = plan.deep_pipeline;
+  args.stages = plan.stages;
   args.fp8_wgmma = plan.fp8_wgmma;
   args.partial_out = nullptr;
   args.partial_lse = nullptr;

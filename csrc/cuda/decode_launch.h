@@ -13,21 +13,37 @@ namespace cuda {
 // Geometry shared by the launcher and the kernels.
 constexpr int kTileRows = 16;  // query rows per CTA: 16 heads of one query token
 
+// What the plan needs to know about the device; the dispatcher fills it from
+// the device properties (cached by PyTorch, so no driver call per decode).
+struct DeviceLimits {
+  int num_sms = 1;
+  int smem_per_block_optin = 0;  // bytes a block may opt in to (99 KB on sm_86/89/120, 227 KB on sm_90)
+  int smem_per_sm = 0;           // bytes of shared memory per SM
+};
+
 struct SplitPlan {
   int32_t head_groups = 1;  // ceil(H / 16)
   int32_t num_splits = 1;   // KV splits per (query token, head group)
-  // NVIDIA bf16: the grid is at most one CTA per SM, so the kernel variant with
-  // a deeper cp.async ring (one CTA per SM by shared memory) runs.
-  bool deep_pipeline = false;
+  // NVIDIA mma.sync kernel: its cp.async ring depth, one of the two built per
+  // format (decode_smem.h: the default, or bf16's deeper ring for grids of at
+  // most one CTA per SM, or the others' shallower ring for devices whose
+  // per-block shared memory is below the default's). 0: another kernel runs
+  // (the Hopper fp8 kernel, or AMD's).
+  int32_t stages = 0;
+  // Dynamic shared memory the split kernel needs with that ring (0 when
+  // stages is 0). Above DeviceLimits::smem_per_block_optin when no built ring
+  // fits the device: the dispatcher reports that instead of launching.
+  int32_t smem_bytes = 0;
   // NVIDIA OCP fp8: the call runs on the Hopper wgmma kernel (fp8_uses_wgmma,
   // decided once here, so the plan and the launch cannot disagree).
   bool fp8_wgmma = false;
 };
 
-// Chooses the split count from shapes only (no device reads): enough CTAs to
-// fill `num_sms`, at least one pipeline stage of keys (32 tokens, 64 for the
-// Hopper fp8 kernel) per split.
-SplitPlan plan_splits(const MlaDecodeParams& p, int num_sms, int requested_splits);
+// Chooses the kernel variant and the split count from shapes and `device`
+// only (no device memory reads): enough CTAs to fill the SMs with whole
+// waves, at least one pipeline stage of keys (32 tokens, 64 for the Hopper
+// fp8 kernel) per split.
+SplitPlan plan_splits(const MlaDecodeParams& p, const DeviceLimits& device, int requested_splits);
 
 // Bytes of fp32 workspace the plan needs (0 when num_splits == 1):
 // partial outputs (splits, total_q * H, 512) followed by partial LSE (splits, total_q * H).

@@ -7,12 +7,44 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cstdlib>
+
 #include "../cuda/decode_launch.h"
+#include "../mla_decode/portability.h"
 #include "check.h"
 #include "validation.h"
 
 namespace mla_decode {
 namespace {
+
+// MLA_DECODE_SMEM_LIMIT=<bytes> (read once per process): plan as if the
+// device allowed at most that much shared memory per block. For testing the
+// shallower rings of 99 KB devices (sm_86 / sm_89 / sm_120) on a larger GPU;
+// 0 or unset: the device's own limit.
+int smem_limit_from_env() {
+  static const int limit = [] {
+    const char* v = std::getenv("MLA_DECODE_SMEM_LIMIT");
+    return v ? std::max(0, std::atoi(v)) : 0;
+  }();
+  return limit;
+}
+
+cuda::DeviceLimits current_device_limits() {
+  const auto* prop = at::cuda::getCurrentDeviceProperties();  // cached by PyTorch per device
+  cuda::DeviceLimits dev;
+  dev.num_sms = prop->multiProcessorCount;
+#if MLA_PLATFORM_HIP
+  // The MFMA kernel stays within the 64 KB of LDS every CDNA part has.
+  dev.smem_per_block_optin = static_cast<int>(prop->sharedMemPerBlock);
+  dev.smem_per_sm = static_cast<int>(prop->sharedMemPerBlock);
+#else
+  dev.smem_per_block_optin = static_cast<int>(prop->sharedMemPerBlockOptin);
+  dev.smem_per_sm = static_cast<int>(prop->sharedMemPerMultiprocessor);
+#endif
+  if (smem_limit_from_env() > 0) dev.smem_per_block_optin = std::min(dev.smem_per_block_optin, smem_limit_from_env());
+  return dev;
+}
 
 void decode_out_cuda(const at::Tensor& q, const at::Tensor& kv_cache, const c10::optional<at::Tensor>& kv_scale,
                      const at::Tensor& qo_indptr, const c10::optional<at::Tensor>& kv_indptr,
@@ -23,8 +55,12 @@ void decode_out_cuda(const at::Tensor& q, const at::Tensor& kv_cache, const c10:
   const DecodeInputs in{q, kv_cache, kv_scale, qo_indptr, kv_indptr, kv_indices, block_table, kv_lens,
                         page_size, sm_scale, num_splits};
   const MlaDecodeParams p = check_and_make_params(in, out, lse);
-  const int num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const cuda::SplitPlan plan = cuda::plan_splits(p, num_sms, static_cast<int>(num_splits));
+  const cuda::DeviceLimits dev = current_device_limits();
+  const cuda::SplitPlan plan = cuda::plan_splits(p, dev, static_cast<int>(num_splits));
+  MLA_CHECK(plan.smem_bytes <= dev.smem_per_block_optin, "mla_decode: the ", format_name(p.format),
+            " decode kernel needs ", plan.smem_bytes, " bytes of shared memory per block, but ", q.device(),
+            " allows ", dev.smem_per_block_optin, " (", smem_limit_from_env() > 0 ? "MLA_DECODE_SMEM_LIMIT" :
+            "the device's opt-in limit", "); no built variant of this kernel fits it.");
   const size_t ws_bytes = cuda::workspace_bytes(p, plan);
   at::Tensor workspace;
   if (ws_bytes > 0) workspace = at::empty({static_cast<int64_t>(ws_bytes)}, q.options().dtype(at::kByte));

@@ -1,0 +1,124 @@
+// Shared-memory layout of the NVIDIA mma.sync split kernel (decode_kernel.cuh)
+// per cache format and cp.async ring depth. Plain constexpr, visible to host
+// code, so the split plan (decode_launch.cu) can pick a ring depth that fits
+// the device before anything launches.
+//
+// Each format is built with two ring depths (FormatTraits):
+//   kStages     the default: two CTAs per SM fit on sm_80 / sm_90 (164 / 228 KB
+//               per SM), which is what the tile loop is tuned for;
+//   kAltStages  bf16: 4, deeper, for grids of at most one CTA per SM (two
+//               stages alone on an SM expose every tile's load latency);
+//               the others: one stage less, for devices whose per-block opt-in
+//               limit is below the default's size (sm_86 / sm_89 / sm_120:
+//               99 KB; fp8 needs 103 KB with 5 stages, MXFP4 107 KB).
+// split_kernel_smem_bytes() gives the bytes of each; plan_splits chooses.
+#pragma once
+
+#include "../mla_decode/params.h"
+#include "decode_common.h"
+
+namespace mla_decode {
+namespace cuda {
+
+constexpr int kDimGroups = 4;            // QK: warps split the 576 dims four ways
+constexpr int kRedStride = kBlockN + 4;  // floats per row of a partial score tile
+constexpr int kPStride = kBlockN + 8;    // bf16 per row of the P tile
+constexpr int kScaleStride = 20;         // u32 per token of the MXFP4 scale table (18 used)
+
+template <KvFormat F>
+struct FormatTraits;
+template <>
+struct FormatTraits<KvFormat::kBf16> {
+  static constexpr int kRowBytes = 1152;
+  static constexpr int kStages = 2;     // 83 KB
+  static constexpr int kAltStages = 4;  // 156 KB: one CTA per SM (SplitPlan::stages)
+};
+template <>
+struct FormatTraits<KvFormat::kFp8E4M3FN> {
+  static constexpr int kRowBytes = 576;
+  static constexpr int kStages = 5;     // 103 KB: no decoded tile (PV reads the raw stage), so deeper prefetch fits
+  static constexpr int kAltStages = 4;  // 85 KB
+};
+template <>
+struct FormatTraits<KvFormat::kFp8E4M3FNUZ> {
+  static constexpr int kRowBytes = 576;
+  static constexpr int kStages = 3;     // 102.5 KB
+  static constexpr int kAltStages = 2;  // 84 KB
+};
+template <>
+struct FormatTraits<KvFormat::kMxfp4> {
+  static constexpr int kRowBytes = 288;
+  static constexpr int kStages = 5;     // 107 KB with the decoded tile: two CTAs per SM still fit
+  static constexpr int kAltStages = 4;  // 95 KB
+};
+
+// Byte offsets of each region; kTotal is the dynamic shared memory a CTA needs.
+template <KvFormat F, int kStagesT = FormatTraits<F>::kStages>
+struct SmemLayout {
+  static constexpr int kRowBytes = FormatTraits<F>::kRowBytes;
+  static constexpr int kStages = kStagesT;
+  static constexpr int kRowSmem = kRowBytes + 16;
+  static constexpr int kStageBytes = kBlockN * kRowSmem;
+  static constexpr int kKvOffset = 0;
+  static constexpr int kScaleOffset = kKvOffset + kStages * kStageBytes;
+  // MXFP4: the two bf16 factors of each (token, block) scale, one u32.
+  static constexpr int kScaleBytes = (F == KvFormat::kMxfp4) ? kStages * kBlockN * kScaleStride * 4 : 0;
+  // MXFP4 and e4m3fnuz: the QK warps write the K rows they decoded (bf16,
+  // 576 values + 16 bytes of padding per token) here, and PV reads V from it,
+  // so every cache element is decoded once. (OCP fp8 decodes V again in PV:
+  // one instruction per two codes costs less than this tile's traffic.)
+  static constexpr int kDecRowSmem = 2 * kHeadDimQK + 16;
+  static constexpr int kDecOffset = kScaleOffset + kScaleBytes;
+  static constexpr int kDecBytes = (F == KvFormat::kBf16 || F == KvFormat::kFp8E4M3FN) ? 0 : kBlockN * kDecRowSmem;
+  static constexpr int kFlagOffset = kDecOffset + kDecBytes;
+  static constexpr int kFlagBytes = kStages * 16;  // one 32-bit bad-row mask per stage (16-byte aligned)
+  static constexpr int kRedOffset = kFlagOffset + kFlagBytes;
+  static constexpr int kRedBytes = kDimGroups * kTileRows * kRedStride * 4;
+  static constexpr int kPOffset = kRedOffset + kRedBytes;
+  static constexpr int kPBytes = kTileRows * kPStride * 2;
+  static constexpr int kStatOffset = kPOffset + kPBytes;
+  static constexpr int kStatBytes = 3 * kTileRows * 4;  // alpha, m, l per row
+  static constexpr int kTotal = kStatOffset + kStatBytes;
+};
+
+template <KvFormat F>
+constexpr int smem_bytes_of(int stages) {
+  return stages == FormatTraits<F>::kStages      ? SmemLayout<F>::kTotal
+         : stages == FormatTraits<F>::kAltStages ? SmemLayout<F, FormatTraits<F>::kAltStages>::kTotal
+                                                 : 0;
+}
+
+// The two ring depths built for `format` (FormatTraits), 0 for no format.
+constexpr int default_ring_stages(KvFormat format) {
+  switch (format) {
+    case KvFormat::kBf16: return FormatTraits<KvFormat::kBf16>::kStages;
+    case KvFormat::kFp8E4M3FN: return FormatTraits<KvFormat::kFp8E4M3FN>::kStages;
+    case KvFormat::kFp8E4M3FNUZ: return FormatTraits<KvFormat::kFp8E4M3FNUZ>::kStages;
+    case KvFormat::kMxfp4: return FormatTraits<KvFormat::kMxfp4>::kStages;
+    default: return 0;
+  }
+}
+constexpr int alt_ring_stages(KvFormat format) {
+  switch (format) {
+    case KvFormat::kBf16: return FormatTraits<KvFormat::kBf16>::kAltStages;
+    case KvFormat::kFp8E4M3FN: return FormatTraits<KvFormat::kFp8E4M3FN>::kAltStages;
+    case KvFormat::kFp8E4M3FNUZ: return FormatTraits<KvFormat::kFp8E4M3FNUZ>::kAltStages;
+    case KvFormat::kMxfp4: return FormatTraits<KvFormat::kMxfp4>::kAltStages;
+    default: return 0;
+  }
+}
+
+// Dynamic shared memory of the split kernel for `format` with a ring of
+// `stages` stages; 0 when that depth is not built for the format.
+constexpr int split_kernel_smem_bytes(KvFormat format, int stages) {
+  switch (format) {
+    case KvFormat::kBf16: return smem_bytes_of<KvFormat::kBf16>(stages);
+    case KvFormat::kFp8E4M3FN: return smem_bytes_of<KvFormat::kFp8E4M3FN>(stages);
+    case KvFormat::kFp8E4M3FNUZ: return smem_bytes_of<KvFormat::kFp8E4M3FNUZ>(stages);
+    case KvFormat::kMxfp4: return smem_bytes_of<KvFormat::kMxfp4>(stages);
+    default: return 0;
+  }
+}
+
+}  // namespace cuda
+}  // namespace mla_decode
