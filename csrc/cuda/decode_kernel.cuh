@@ -275,9 +275,11 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
   // Lane n of every warp resolves the cache row of token n of the tile; rows
   // are exchanged with shuffles. -2: past the range (zero-fill), -1: bad index.
   // The contiguous layout (the competition's) needs no per-tile lookup: row =
-  // kv_indptr[b] + j, with kv_indptr[b] from the work lookup (WorkItem::kv_start).
+  // kv_indptr[b] + j, with kv_indptr[b] read once here. (locate_work has read
+  // it already, for the length; handing it over in WorkItem re-allocated the
+  // fp8 kernel's registers and measured 3% slower at b256/kv8192, run55.)
   const bool contiguous = p.layout == KvLayout::kIndptr;
-  const int64_t contiguous_base = contiguous ? static_cast<int64_t>(work.kv_start) : 0;
+  const int64_t contiguous_base = (contiguous && !orphan) ? static_cast<int64_t>(__ldg(p.kv_indptr + b)) : 0;
   auto tile_row = [&](int tile_idx) -> int {
     const int j = kv_begin + tile_idx * kBlockN + lane;
     if (j >= kv_end) return -2;

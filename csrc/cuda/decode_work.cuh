@@ -22,21 +22,7 @@ struct WorkItem {
   bool orphan;   // no item owns t (inconsistent qo_indptr): the rows become NaN
   int kv_begin;  // this split's visible keys: [kv_begin, kv_end)
   int kv_end;
-  int kv_start;  // kv_indptr[b] for the indptr layouts (0 when paged): token j of
-                 // item b is cache row kv_start + j in the contiguous layout
 };
-
-// Item b's KV length and, for the indptr layouts, its start kv_indptr[b]
-// (read once here and handed to the kernel in WorkItem::kv_start).
-struct KvSpan {
-  int start;
-  int length;
-};
-__device__ __forceinline__ KvSpan kv_span(const MlaDecodeParams& p, int b) {
-  if (p.layout == KvLayout::kPaged) return {0, p.kv_lens[b]};
-  const int start = p.kv_indptr[b];
-  return {start, p.kv_indptr[b + 1] - start};
-}
 
 // The query token, first head and KV split of this CTA: blockIdx alone (the
 // grid contract), so a kernel may use them before it reads any memory.
@@ -71,7 +57,7 @@ __device__ __forceinline__ WorkItem locate_work(const DecodeLaunch& args) {
   const int b_guess = args.q_per_item > 0 ? min(t / args.q_per_item, p.batch - 1) : 0;
   int q_begin = __ldg(p.qo_indptr + b_guess);
   int q_end = __ldg(p.qo_indptr + b_guess + 1);
-  const KvSpan span_guess = kv_span(p, b_guess);
+  const int kv_len_guess = kv_length(p, b_guess);
   int b = b_guess;
   if (t < q_begin || t >= q_end) {
     int lo = 0, hi = p.batch - 1;  // largest b with qo_indptr[b] <= t
@@ -85,9 +71,7 @@ __device__ __forceinline__ WorkItem locate_work(const DecodeLaunch& args) {
   }
   w.b = b;
   w.orphan = t < q_begin || t >= q_end;
-  const KvSpan span = w.orphan ? KvSpan{0, 0} : (b == b_guess ? span_guess : kv_span(p, b));
-  const int kv_len = span.length;
-  w.kv_start = span.start;
+  const int kv_len = w.orphan ? 0 : (b == b_guess ? kv_len_guess : kv_length(p, b));
   const int visible = w.orphan ? 0 : visible_keys(kv_len, q_end - q_begin, t - q_begin);
   const int chunk = ceil_div(ceil_div(visible, args.num_splits), kChunkAlign) * kChunkAlign;
   w.kv_begin = min(w.split * chunk, visible);

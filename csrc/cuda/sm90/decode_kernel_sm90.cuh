@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_fp8_wgmma_kernel(const Dec
   // PV multiplies every row by its P, so those rows must hold finite codes.
   const uint8_t* kv_base = static_cast<const uint8_t*>(p.kv);
   const bool contiguous = p.layout == KvLayout::kIndptr;
-  const int64_t contiguous_base = contiguous ? static_cast<int64_t>(work.kv_start) : 0;
+  const int64_t contiguous_base = (contiguous && !work.orphan) ? static_cast<int64_t>(__ldg(p.kv_indptr + work.b)) : 0;
   const int ld_token = tid % kTileTokens, ld_chunk0 = tid / kTileTokens;
   auto issue_tile = [&](int tile) {
     if (tile < n_tiles) {
