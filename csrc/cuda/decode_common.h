@@ -46,7 +46,6 @@ struct DecodeLaunch {
   int32_t q_per_item;  // total_q / batch when it divides evenly (a guess for the
                        // token -> item lookup, checked on the device), else 0
   int32_t stages;      // SplitPlan::stages (host-side kernel choice)
-  bool lone_cta;       // SplitPlan::lone_cta (host-side kernel choice)
   bool fp8_wgmma;      // SplitPlan::fp8_wgmma (host-side kernel choice)
 };
 

@@ -40,8 +40,6 @@
 
 #include <math_constants.h>
 
-#include <cstdlib>
-
 #include "../mla_decode/addressing.h"
 #include "../mla_decode/params.h"
 #include "decode_common.h"
@@ -185,11 +183,8 @@ __device__ __forceinline__ uint32_t fp8x2_to_operand(uint32_t codes) {
   }
 }
 
-// kCtasPerSm: the occupancy ptxas plans registers for. 2 (128 registers) by
-// default; 1 for grids of at most one CTA per SM (SplitPlan::lone_cta), where
-// a second CTA's registers would sit unused and ptxas may take up to 255.
-template <KvFormat F, int kStagesT = FormatTraits<F>::kStages, int kCtasPerSm = 2>
-__global__ void __launch_bounds__(kThreads, kCtasPerSm) mla_decode_split_kernel(const DecodeLaunch args) {
+template <KvFormat F, int kStagesT = FormatTraits<F>::kStages>
+__global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const DecodeLaunch args) {
   using L = SmemLayout<F, kStagesT>;
   constexpr int kStages = L::kStages;
   constexpr bool kMx = F == KvFormat::kMxfp4;
@@ -781,32 +776,23 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) mla_decode_split_kernel(
   trace.print("split");
 }
 
-// Launches mla_decode_split_kernel<F, kStagesT, kCtasPerSm> on `grid`,
-// raising its dynamic shared-memory limit first (once per device).
-template <KvFormat F, int kStagesT, int kCtasPerSm>
+// Launches mla_decode_split_kernel<F, kStagesT> on `grid`, raising its
+// dynamic shared-memory limit first (once per device).
+template <KvFormat F, int kStagesT>
 cudaError_t launch_ring(const DecodeLaunch& args, dim3 grid, cudaStream_t stream) {
   constexpr int kSmem = SmemLayout<F, kStagesT>::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
   static unsigned long long configured_devices = 0;
-  auto* const kernel = mla_decode_split_kernel<F, kStagesT, kCtasPerSm>;
-  const cudaError_t err = opt_in_dynamic_smem(kernel, kSmem, configured_devices);
+  const cudaError_t err = opt_in_dynamic_smem(mla_decode_split_kernel<F, kStagesT>, kSmem, configured_devices);
   if (err != cudaSuccess) return err;
-  kernel<<<grid, kThreads, kSmem, stream>>>(args);
+  mla_decode_split_kernel<F, kStagesT><<<grid, kThreads, kSmem, stream>>>(args);
   return cudaGetLastError();
 }
 
-// EXPERIMENT (session 7): MLA_DECODE_EXP=1 runs the 2-CTA-per-SM register
-// budget for lone-CTA grids too, for a same-build A/B.
-inline bool lone_variant_disabled() {
-  static const bool off = std::getenv("MLA_DECODE_EXP") && std::atoi(std::getenv("MLA_DECODE_EXP")) == 1;
-  return off;
-}
-
 // Launches the split kernel of format F with the ring depth the plan chose
-// (SplitPlan::stages: the format's default or its alternative, decode_smem.h)
-// and, for grids of at most one CTA per SM (SplitPlan::lone_cta), the
-// register budget of one CTA per SM. Explicitly instantiated per format in
-// decode_<format>.cu so the formats compile in parallel.
+// (SplitPlan::stages: the format's default or its alternative, decode_smem.h);
+// explicitly instantiated per format in decode_<format>.cu so the formats
+// compile in parallel.
 template <KvFormat F>
 cudaError_t launch_split_kernel(const DecodeLaunch& args, cudaStream_t stream) {
   if constexpr (F == KvFormat::kFp8E4M3FN) {
@@ -815,20 +801,8 @@ cudaError_t launch_split_kernel(const DecodeLaunch& args, cudaStream_t stream) {
   }
   const dim3 grid(static_cast<unsigned>(args.p.total_q) * args.head_groups, args.num_splits);
   using T = FormatTraits<F>;
-  const bool lone = args.lone_cta && !lone_variant_disabled();
-  if (args.stages == T::kStages) {
-    if constexpr (F != KvFormat::kFp8E4M3FNUZ) {
-      if (lone) return launch_ring<F, T::kStages, 1>(args, grid, stream);
-    }
-    return launch_ring<F, T::kStages, 2>(args, grid, stream);
-  }
-  if (args.stages == T::kAltStages) {
-    // bf16's deeper ring runs only on lone-CTA grids (SplitPlan::stages).
-    if constexpr (F == KvFormat::kBf16) {
-      if (lone) return launch_ring<F, T::kAltStages, 1>(args, grid, stream);
-    }
-    return launch_ring<F, T::kAltStages, 2>(args, grid, stream);
-  }
+  if (args.stages == T::kStages) return launch_ring<F, T::kStages>(args, grid, stream);
+  if (args.stages == T::kAltStages) return launch_ring<F, T::kAltStages>(args, grid, stream);
   return cudaErrorInvalidValue;  // not a depth built for F: a planning bug, reported by the dispatcher
 }
 

@@ -225,7 +225,6 @@ SplitPlan plan_splits(const MlaDecodeParams& p, const DeviceLimits& device, int 
   // and no second CTA on the SM, each tile's load latency is exposed.
   const int64_t ctas = static_cast<int64_t>(p.total_q) * plan.head_groups * plan.num_splits;
   if (bf16_deep_fits && ctas <= device.num_sms) stages = alt_stages;
-  plan.lone_cta = ctas <= device.num_sms;
   plan.stages = stages;
   plan.smem_bytes = split_kernel_smem_bytes(p.format, stages);
   return plan;
@@ -246,7 +245,6 @@ cudaError_t launch_decode(const MlaDecodeParams& p, const SplitPlan& plan, void*
   args.head_groups = plan.head_groups;
   args.q_per_item = (p.batch > 0 && p.total_q % p.batch == 0) ? p.total_q / p.batch : 0;
   args.stages = plan.stages;
-  args.lone_cta = plan.lone_cta;
   args.fp8_wgmma = plan.fp8_wgmma;
   args.partial_out = nullptr;
   args.partial_lse = nullptr;

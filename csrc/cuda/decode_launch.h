@@ -34,9 +34,6 @@ struct SplitPlan {
   // stages is 0). Above DeviceLimits::smem_per_block_optin when no built ring
   // fits the device: the dispatcher reports that instead of launching.
   int32_t smem_bytes = 0;
-  // NVIDIA mma.sync kernel: the grid is at most one CTA per SM, so the variant
-  // compiled for one CTA per SM (more registers per thread) runs.
-  bool lone_cta = false;
   // NVIDIA OCP fp8: the call runs on the Hopper wgmma kernel (fp8_uses_wgmma,
   // decided once here, so the plan and the launch cannot disagree).
   bool fp8_wgmma = false;
