@@ -8,8 +8,10 @@
 #   ab        the competition protocol only, alternately with MLA_DECODE_EXP set to
 #             each value of $AB (default "0 1 0 1"), for an experiment switch read
 #             by the code under test; scripts/ab_table.py prints the per-shape table
-#   sanitize  memcheck and racecheck on scripts/sanitize_cases.py, also for the
-#             fp8 cases on the opt-in Hopper kernel (MLA_DECODE_FP8_KERNEL=wgmma)
+#   sanitize  compute-sanitizer on scripts/sanitize_cases.py, each tool of
+#             $SANITIZE_TOOLS (default: memcheck racecheck synccheck initcheck),
+#             also for the fp8 cases on the opt-in Hopper kernel
+#             (MLA_DECODE_FP8_KERNEL=wgmma)
 # Narrowing (for a second pass over one kernel in the same call):
 #   TESTS_K="mxfp4"           pytest -k expression for the tests step
 #   SANITIZE_FORMATS="mxfp4"  formats for the sanitize step (the wgmma pass runs
@@ -58,7 +60,7 @@ for step in $steps; do
       done
       python3 scripts/ab_table.py "$OUT/ab.log" ;;
     sanitize)
-      for tool in memcheck racecheck; do
+      for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
         timeout "$SANITIZE_S" compute-sanitizer --tool $tool --error-exitcode 9 python3 scripts/sanitize_cases.py \
           ${SANITIZE_FORMATS:-} > "$OUT/sanitize_$tool.log" 2>&1
         r=$?; [ $r -ne 0 ] && rc=1
