@@ -14,7 +14,7 @@ def parse(path):
     in_summary = False
     for line in open(path):
         if line.startswith("## MLA_DECODE_EXP="):
-            runs.append((line.split("=", 1)[1].strip(), {}))
+            runs.append((line.split("=", 1)[1].split()[0], {}))
             in_summary = False
             continue
         if not runs:

@@ -5,9 +5,10 @@
 #   Usage: scripts/gpu_check.sh [tests] [bench] [ab] [sanitize]
 #   tests     the whole pytest suite
 #   bench     benchmarks/bench_decode.py (competition protocol + H = 128 sweep)
-#   ab        the competition protocol only, alternately with MLA_DECODE_EXP set to
-#             each value of $AB (default "0 1 0 1"), for an experiment switch read
-#             by the code under test; scripts/ab_table.py prints the per-shape table
+#   ab        the competition protocol only, alternately with MLA_DECODE_EXP (or the
+#             variable named by $AB_VAR) set to each value of $AB (default
+#             "0 1 0 1"), for an experiment switch read by the code under test;
+#             scripts/ab_table.py prints the per-shape table
 #   sanitize  compute-sanitizer on scripts/sanitize_cases.py, each tool of
 #             $SANITIZE_TOOLS (default: memcheck racecheck synccheck initcheck),
 #             also for the fp8 cases on the opt-in Hopper kernel
@@ -54,8 +55,8 @@ for step in $steps; do
     ab)
       : > "$OUT/ab.log"
       for e in ${AB:-0 1 0 1}; do
-        echo "## MLA_DECODE_EXP=$e" >> "$OUT/ab.log"
-        MLA_DECODE_EXP=$e timeout "$AB_RUN_S" python3 benchmarks/bench_decode.py --skip-sweep --no-progress \
+        echo "## MLA_DECODE_EXP=$e (${AB_VAR:-MLA_DECODE_EXP})" >> "$OUT/ab.log"
+        env "${AB_VAR:-MLA_DECODE_EXP}=$e" timeout "$AB_RUN_S" python3 benchmarks/bench_decode.py --skip-sweep --no-progress \
           --no-accuracy --out "/tmp/ab_$e" >> "$OUT/ab.log" 2>&1 || rc=1
       done
       python3 scripts/ab_table.py "$OUT/ab.log" ;;
