@@ -1,6 +1,7 @@
 // Split planning, the split-combine kernel, and the format dispatch. Shared
 // by CUDA and HIP (hipified): vendor differences go through portability.h.
 #include <algorithm>
+#include <cstdlib>
 
 #include "../mla_decode/portability.h"
 #include "decode_common.h"
@@ -19,6 +20,9 @@ extern template cudaError_t launch_split_kernel<KvFormat::kFp8E4M3FNUZ>(const De
 extern template cudaError_t launch_split_kernel<KvFormat::kMxfp4>(const DecodeLaunch&, cudaStream_t);
 
 namespace {
+
+// OCP fp8 splits of at most this many 32-token tiles run the 4-stage ring.
+constexpr int kFp8ShortSplitTiles = 64;
 
 constexpr int kCombineRowThreads = kHeadDimV / 4;  // 128: thread t owns dims 4t..4t+3 of a row
 // The two variants of combine_kernel: splits per L2 round trip, rows per block.
@@ -122,6 +126,13 @@ __global__ void __launch_bounds__(kCombineRowThreads * kRows) combine_kernel(con
   trace.print("combine");
 }
 
+// Expected KV tokens per batch item, from shapes only (no device reads).
+int64_t estimated_kv_len(const MlaDecodeParams& p) {
+  if (p.layout == KvLayout::kPaged) return static_cast<int64_t>(p.max_pages_per_seq) * p.page_size;
+  if (p.layout == KvLayout::kIndptrIndices) return p.num_kv_indices / std::max<int32_t>(p.batch, 1);
+  return p.num_cache_rows / std::max<int32_t>(p.batch, 1);
+}
+
 // The split count (and head groups) from shapes only; plan_splits adds the
 // kernel variant.
 //   ctas_per_sm:   CTAs of the split kernel that fit on an SM (shared memory);
@@ -137,16 +148,7 @@ SplitPlan plan_split_count(const MlaDecodeParams& p, int num_sms, int requested_
   }
   const int64_t tiles = static_cast<int64_t>(p.total_q) * plan.head_groups;
   if (tiles == 0) return plan;
-  // Expected KV tokens per item, from shapes only (no device reads).
-  int64_t est_len;
-  if (p.layout == KvLayout::kPaged) {
-    est_len = static_cast<int64_t>(p.max_pages_per_seq) * p.page_size;
-  } else if (p.layout == KvLayout::kIndptrIndices) {
-    est_len = p.num_kv_indices / std::max<int32_t>(p.batch, 1);
-  } else {
-    est_len = p.num_cache_rows / std::max<int32_t>(p.batch, 1);
-  }
-  const int64_t max_tiles = std::max<int64_t>(1, est_len / tile_tokens);
+  const int64_t max_tiles = std::max<int64_t>(1, estimated_kv_len(p) / tile_tokens);
   // Splits that fill `slots` CTA slots with the nearest whole wave, and leave
   // each split at least one tile.
   auto one_wave_of = [&](int64_t slots) { return std::min<int64_t>((slots + tiles / 2) / tiles, max_tiles); };
@@ -225,6 +227,16 @@ SplitPlan plan_splits(const MlaDecodeParams& p, const DeviceLimits& device, int 
   // and no second CTA on the SM, each tile's load latency is exposed.
   const int64_t ctas = static_cast<int64_t>(p.total_q) * plan.head_groups * plan.num_splits;
   if (bf16_deep_fits && ctas <= device.num_sms) stages = alt_stages;
+  // OCP fp8: the 4-stage ring is faster than the default 5 unless a split is
+  // long (session 7, run58, alternating runs: b32/kv8192 67.7 against 69.0 us,
+  // b256/kv1024 64.6 against 65.8, b64/kv8192 118.8 against 119.6; but
+  // b256/kv8192, 256 tiles per split, 409-415 against 405).
+  // EXPERIMENT switch: MLA_DECODE_EXP=1 keeps 5 stages.
+  static const bool exp_off = std::getenv("MLA_DECODE_EXP") && std::atoi(std::getenv("MLA_DECODE_EXP")) == 1;
+  if (!exp_off && p.format == KvFormat::kFp8E4M3FN && stages == default_stages && fits(alt_stages) &&
+      estimated_kv_len(p) / kBlockN <= static_cast<int64_t>(kFp8ShortSplitTiles) * plan.num_splits) {
+    stages = alt_stages;
+  }
   plan.stages = stages;
   plan.smem_bytes = split_kernel_smem_bytes(p.format, stages);
   return plan;
