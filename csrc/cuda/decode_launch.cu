@@ -1,7 +1,6 @@
 // Split planning, the split-combine kernel, and the format dispatch. Shared
 // by CUDA and HIP (hipified): vendor differences go through portability.h.
 #include <algorithm>
-#include <cstdlib>
 
 #include "../mla_decode/portability.h"
 #include "decode_common.h"
@@ -204,7 +203,7 @@ SplitPlan plan_splits(const MlaDecodeParams& p, const DeviceLimits& device, int 
   }
   // The mma.sync kernel. Its default ring where the device allows it, else
   // the format's shallower one (sm_86 / sm_89 / sm_120 allow 99 KB per block;
-  // fp8's default needs 103 KB, MXFP4's 107 KB). When neither fits, the plan
+  // fp8's default needs 103 KB, e4m3fnuz's 102.5 KB). When neither fits, the plan
   // keeps the default and the dispatcher reports the shortfall.
   auto fits = [&](int stages) {
     const int bytes = split_kernel_smem_bytes(p.format, stages);
@@ -228,12 +227,12 @@ SplitPlan plan_splits(const MlaDecodeParams& p, const DeviceLimits& device, int 
   const int64_t ctas = static_cast<int64_t>(p.total_q) * plan.head_groups * plan.num_splits;
   if (bf16_deep_fits && ctas <= device.num_sms) stages = alt_stages;
   // OCP fp8: the 4-stage ring is faster than the default 5 unless a split is
-  // long (session 7, run58, alternating runs: b32/kv8192 67.7 against 69.0 us,
-  // b256/kv1024 64.6 against 65.8, b64/kv8192 118.8 against 119.6; but
-  // b256/kv8192, 256 tiles per split, 409-415 against 405).
-  // EXPERIMENT switch: MLA_DECODE_EXP=1 keeps 5 stages.
-  static const bool exp_off = std::getenv("MLA_DECODE_EXP") && std::atoi(std::getenv("MLA_DECODE_EXP")) == 1;
-  if (!exp_off && p.format == KvFormat::kFp8E4M3FN && stages == default_stages && fits(alt_stages) &&
+  // long. Measured on the H200 in alternating runs (session 7): run58, all
+  // splits on 4 stages: b32/kv8192 67.7 against 69.0 us, b256/kv1024 64.6
+  // against 65.8, b64/kv8192 118.8 against 119.6, but b256/kv8192 (256 tiles
+  // per split) 409-415 against 405; run59, this rule: fp8 geomean 47.8 / 48.0
+  // against 48.2 / 48.1.
+  if (p.format == KvFormat::kFp8E4M3FN && stages == default_stages && fits(alt_stages) &&
       estimated_kv_len(p) / kBlockN <= static_cast<int64_t>(kFp8ShortSplitTiles) * plan.num_splits) {
     stages = alt_stages;
   }

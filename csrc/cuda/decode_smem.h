@@ -3,14 +3,16 @@
 // code, so the split plan (decode_launch.cu) can pick a ring depth that fits
 // the device before anything launches.
 //
-// Each format is built with two ring depths (FormatTraits):
-//   kStages     the default: two CTAs per SM fit on sm_80 / sm_90 (164 / 228 KB
-//               per SM), which is what the tile loop is tuned for;
+// Each format is built with up to two ring depths (FormatTraits):
+//   kStages     the default: two CTAs per SM fit on sm_90 (228 KB per SM),
+//               which is what the tile loop is tuned for;
 //   kAltStages  bf16: 4, deeper, for grids of at most one CTA per SM (two
 //               stages alone on an SM expose every tile's load latency);
-//               the others: one stage less, for devices whose per-block opt-in
-//               limit is below the default's size (sm_86 / sm_89 / sm_120:
-//               99 KB; fp8 needs 103 KB with 5 stages, MXFP4 107 KB).
+//               OCP fp8: 4, for splits of at most 64 tiles (faster there on
+//               the H200) and for devices whose per-block opt-in limit is
+//               below the default's 103 KB (sm_86 / sm_89 / sm_120: 99 KB);
+//               e4m3fnuz: 2, for those devices; MXFP4: the same 4 (95 KB
+//               fits them).
 // split_kernel_smem_bytes() gives the bytes of each; plan_splits chooses.
 #pragma once
 
@@ -37,7 +39,7 @@ template <>
 struct FormatTraits<KvFormat::kFp8E4M3FN> {
   static constexpr int kRowBytes = 576;
   static constexpr int kStages = 5;     // 103 KB: no decoded tile (PV reads the raw stage), so deeper prefetch fits
-  static constexpr int kAltStages = 4;  // 85 KB
+  static constexpr int kAltStages = 4;  // 85 KB: short splits, and 99 KB devices
 };
 template <>
 struct FormatTraits<KvFormat::kFp8E4M3FNUZ> {
@@ -49,8 +51,9 @@ template <>
 struct FormatTraits<KvFormat::kMxfp4> {
   static constexpr int kRowBytes = 288;
   // 95 KB with the decoded tile, so it fits 99 KB devices too: no second ring.
-  // Measured faster than 5 stages (107 KB) at every competition shape on the
-  // H200 (session 7, run57/run58: geomean ~-2%).
+  // Faster than 5 stages (107 KB) or equal at every competition shape on the
+  // H200 (session 7, run58, alternating runs: geomean 59.3 / 60.2 against
+  // 61.2 / 60.6 us; b32/kv1024 22.1 against 23.2).
   static constexpr int kStages = 4;
   static constexpr int kAltStages = 4;
 };
