@@ -209,8 +209,9 @@ SplitPlan plan_splits(const MlaDecodeParams& p, const DeviceLimits& device, int 
     const int bytes = split_kernel_smem_bytes(p.format, stages);
     return bytes > 0 && bytes <= device.smem_per_block_optin;
   };
-  const int default_stages = default_ring_stages(p.format);
-  const int alt_stages = alt_ring_stages(p.format);
+  const RingDepths rings = ring_depths(p.format);
+  const int default_stages = rings.stages;
+  const int alt_stages = rings.alt_stages;
   int stages = default_stages;
   if (!fits(default_stages) && alt_stages < default_stages && fits(alt_stages)) stages = alt_stages;
   // CTAs per SM by shared memory (1 KB per CTA is reserved by the hardware):

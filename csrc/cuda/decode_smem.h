@@ -87,43 +87,33 @@ struct SmemLayout {
   static constexpr int kTotal = kStatOffset + kStatBytes;
 };
 
+// The ring depths built for a format and the shared memory of each.
+struct RingDepths {
+  int stages = 0;      // the default (FormatTraits::kStages)
+  int alt_stages = 0;  // the alternative (FormatTraits::kAltStages)
+  int bytes = 0;       // SmemLayout::kTotal of each
+  int alt_bytes = 0;
+};
 template <KvFormat F>
-constexpr int smem_bytes_of(int stages) {
-  return stages == FormatTraits<F>::kStages      ? SmemLayout<F>::kTotal
-         : stages == FormatTraits<F>::kAltStages ? SmemLayout<F, FormatTraits<F>::kAltStages>::kTotal
-                                                 : 0;
+constexpr RingDepths ring_depths_of() {
+  using T = FormatTraits<F>;
+  return {T::kStages, T::kAltStages, SmemLayout<F>::kTotal, SmemLayout<F, T::kAltStages>::kTotal};
 }
-
-// The two ring depths built for `format` (FormatTraits), 0 for no format.
-constexpr int default_ring_stages(KvFormat format) {
+constexpr RingDepths ring_depths(KvFormat format) {
   switch (format) {
-    case KvFormat::kBf16: return FormatTraits<KvFormat::kBf16>::kStages;
-    case KvFormat::kFp8E4M3FN: return FormatTraits<KvFormat::kFp8E4M3FN>::kStages;
-    case KvFormat::kFp8E4M3FNUZ: return FormatTraits<KvFormat::kFp8E4M3FNUZ>::kStages;
-    case KvFormat::kMxfp4: return FormatTraits<KvFormat::kMxfp4>::kStages;
-    default: return 0;
-  }
-}
-constexpr int alt_ring_stages(KvFormat format) {
-  switch (format) {
-    case KvFormat::kBf16: return FormatTraits<KvFormat::kBf16>::kAltStages;
-    case KvFormat::kFp8E4M3FN: return FormatTraits<KvFormat::kFp8E4M3FN>::kAltStages;
-    case KvFormat::kFp8E4M3FNUZ: return FormatTraits<KvFormat::kFp8E4M3FNUZ>::kAltStages;
-    case KvFormat::kMxfp4: return FormatTraits<KvFormat::kMxfp4>::kAltStages;
-    default: return 0;
+    case KvFormat::kBf16: return ring_depths_of<KvFormat::kBf16>();
+    case KvFormat::kFp8E4M3FN: return ring_depths_of<KvFormat::kFp8E4M3FN>();
+    case KvFormat::kFp8E4M3FNUZ: return ring_depths_of<KvFormat::kFp8E4M3FNUZ>();
+    case KvFormat::kMxfp4: return ring_depths_of<KvFormat::kMxfp4>();
+    default: return {};
   }
 }
 
 // Dynamic shared memory of the split kernel for `format` with a ring of
 // `stages` stages; 0 when that depth is not built for the format.
 constexpr int split_kernel_smem_bytes(KvFormat format, int stages) {
-  switch (format) {
-    case KvFormat::kBf16: return smem_bytes_of<KvFormat::kBf16>(stages);
-    case KvFormat::kFp8E4M3FN: return smem_bytes_of<KvFormat::kFp8E4M3FN>(stages);
-    case KvFormat::kFp8E4M3FNUZ: return smem_bytes_of<KvFormat::kFp8E4M3FNUZ>(stages);
-    case KvFormat::kMxfp4: return smem_bytes_of<KvFormat::kMxfp4>(stages);
-    default: return 0;
-  }
+  const RingDepths r = ring_depths(format);
+  return stages == r.stages ? r.bytes : stages == r.alt_stages ? r.alt_bytes : 0;
 }
 
 }  // namespace cuda
