@@ -47,7 +47,7 @@ struct Case {
   int heads = 16;
   std::vector<int> q_lens, kv_lens;
   int page_size = 1;
-  int splits = 1;             // 0: plan_splits(p, kNumCus, 0)
+  int splits = 1;             // 0: plan_splits with kNumCus CUs
   int bad_token = -1;         // this referenced token (flat, item-major) points outside the cache
   bool orphan = false;        // one more query token than qo_indptr covers
   bool nan_scale_token0 = false;  // MXFP4: token 0 of item 0 gets a NaN (0xFF) block scale
@@ -639,7 +639,10 @@ int main() {
   for (const Case& c : cases) {
     Problem pr;
     build(c, pr);
-    cuda::SplitPlan plan = cuda::plan_splits(pr.p, kNumCus, c.splits);
+    cuda::DeviceLimits dev;
+    dev.num_sms = kNumCus;
+    dev.smem_per_block_optin = dev.smem_per_sm = 64 * 1024;  // CDNA LDS (the MFMA plan ignores it)
+    cuda::SplitPlan plan = cuda::plan_splits(pr.p, dev, c.splits);
     std::vector<float> ws((cuda::workspace_bytes(pr.p, plan) + 3) / 4 + 4);
     const uint64_t blocks0 = emu::state().blocks_run;
     const hipError_t err = cuda::launch_decode(pr.p, plan, ws.data(), nullptr);
