@@ -6,10 +6,11 @@ docs/interface.md; returns a new (total_q, H, 512) bfloat16 tensor.
 Fallback chain, each step observable (mla_decode.fallback):
   1. the native operator on the preferred cache format (MLA_DECODE_FORMAT,
      default "fp8": the fastest native path of this build under the
-     competition protocol on the H200, 52.5 us against 63.8 (bf16) and
-     65.9 (MXFP4), docs/performance.md; its error, 2.5-3e-2 against exact
-     math on the bf16 cache, is the fp8 cache's own quantisation error, and
-     MLA_DECODE_FORMAT=bf16 gives 1.7e-3 for 20% more time);
+     competition protocol on the H200, 47.8-48.0 us against 62.5 (bf16) and
+     59.9-60.0 (MXFP4), docs/performance.md, session 7; its error, 2.5-3e-2
+     against exact math on the bf16 cache, is the fp8 cache's own
+     quantisation error, and MLA_DECODE_FORMAT=bf16 gives 1.7e-3 for ~30%
+     more time);
   2. the native operator on the bf16 cache;
   3. the pure-PyTorch reference (mla_decode.reference).
 One operator call per invocation on the fast path; no host syncs.
