@@ -212,3 +212,25 @@ for fmt in FORMATS:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     from cases import FORMATS
     assert proc.stdout.count("raised ") == len(FORMATS), proc.stdout
+
+
+@pytest.mark.skipif(not _nvidia_gpu(), reason="the mma.sync kernel's ring depths are NVIDIA-only")
+def test_smem_limit_that_is_not_a_number_is_a_clear_error():
+    import os
+    import subprocess
+    import sys
+    script = f"""
+import sys, torch
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+import mla_decode
+from cases import make_case
+case = make_case("bf16", "indptr", 16, 1, [40], seed=3, device=torch.device("cuda"))
+try:
+    torch.ops.mla_decode.decode(*case.args(), 0)
+except RuntimeError as e:
+    assert "MLA_DECODE_SMEM_LIMIT must be a number of bytes" in str(e) and "'99KB'" in str(e), str(e)
+    print("raised")
+"""
+    env = dict(os.environ, MLA_DECODE_SMEM_LIMIT="99KB")
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "raised" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]

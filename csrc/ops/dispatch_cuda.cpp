@@ -23,11 +23,16 @@ namespace {
 // shallower rings of 99 KB devices (sm_86 / sm_89 / sm_120) on a larger GPU;
 // 0 or unset: the device's own limit.
 int smem_limit_from_env() {
-  static const int limit = [] {
+  static const long limit = [] {
     const char* v = std::getenv("MLA_DECODE_SMEM_LIMIT");
-    return v ? std::max(0, std::atoi(v)) : 0;
+    if (v == nullptr || *v == '\0') return 0L;
+    char* end = nullptr;
+    const long bytes = std::strtol(v, &end, 10);
+    return (*end == '\0' && bytes >= 0 && bytes <= (1L << 30)) ? bytes : -1L;  // -1: not a byte count
   }();
-  return limit;
+  MLA_CHECK(limit >= 0, "mla_decode: MLA_DECODE_SMEM_LIMIT must be a number of bytes (0 for the device's own "
+            "limit), but it is '", std::getenv("MLA_DECODE_SMEM_LIMIT"), "'.");
+  return static_cast<int>(limit);
 }
 
 cuda::DeviceLimits current_device_limits() {
@@ -57,9 +62,10 @@ void decode_out_cuda(const at::Tensor& q, const at::Tensor& kv_cache, const c10:
   const MlaDecodeParams p = check_and_make_params(in, out, lse);
   const cuda::DeviceLimits dev = current_device_limits();
   const cuda::SplitPlan plan = cuda::plan_splits(p, dev, static_cast<int>(num_splits));
+  const bool env_limited = smem_limit_from_env() > 0 && smem_limit_from_env() == dev.smem_per_block_optin;
   MLA_CHECK(plan.smem_bytes <= dev.smem_per_block_optin, "mla_decode: the ", format_name(p.format),
             " decode kernel needs ", plan.smem_bytes, " bytes of shared memory per block, but ", q.device(),
-            " allows ", dev.smem_per_block_optin, " (", smem_limit_from_env() > 0 ? "MLA_DECODE_SMEM_LIMIT" :
+            " allows ", dev.smem_per_block_optin, " (", env_limited ? "MLA_DECODE_SMEM_LIMIT" :
             "the device's opt-in limit", "); no built variant of this kernel fits it.");
   const size_t ws_bytes = cuda::workspace_bytes(p, plan);
   at::Tensor workspace;
