@@ -53,7 +53,7 @@ namespace cuda {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = 8;
-constexpr int kTokGroups = 2;            // ...and the 32 tokens two ways
+constexpr int kTokGroups = 2;            // QK: the 32 tokens split two ways (and the dims kDimGroups ways)
 constexpr int kKStepsPerWarp = 9;        // 576 / 16 / kDimGroups
 constexpr int kVDimsPerWarp = 64;        // 512 / 8 warps
 constexpr int kVTiles = kVDimsPerWarp / 8;  // n-tiles of the PV accumulator

@@ -217,7 +217,7 @@ SplitPlan plan_splits(const MlaDecodeParams& p, const DeviceLimits& device, int 
   // CTAs per SM by shared memory (1 KB per CTA is reserved by the hardware):
   // two on sm_90 for every format; one on sm_80 (164 KB) and on 100 KB parts.
   const int per_cta = split_kernel_smem_bytes(p.format, stages) + 1024;
-  const int ctas_per_sm = std::max(1, std::min(2, device.smem_per_sm / per_cta));
+  const int ctas_per_sm = std::max<int>(1, std::min<int>(2, device.smem_per_sm / per_cta));
   // bf16's one-wave rule was tuned with its deeper ring (a lone CTA with two
   // stages is slower), so it applies only where that ring fits.
   const bool bf16_deep_fits = p.format == KvFormat::kBf16 && fits(alt_stages);
