@@ -13,6 +13,8 @@
 #             $SANITIZE_TOOLS (default: memcheck racecheck synccheck initcheck),
 #             also for the fp8 cases on the opt-in Hopper kernel
 #             (MLA_DECODE_FP8_KERNEL=wgmma)
+# GIT_COMMIT=<sha> labels the logs and the benchmark's output; pass it on the
+# lent device, whose copy of .git can be stale (else: git rev-parse HEAD).
 # Narrowing (for a second pass over one kernel in the same call):
 #   TESTS_K="mxfp4"           pytest -k expression for the tests step
 #   SANITIZE_FORMATS="mxfp4"  formats for the sanitize step (the wgmma pass runs
