@@ -39,6 +39,16 @@ def test_decode_matches_reference(device, fmt, layout, num_heads, q_len):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("layout", ["indptr", "paged"])
+def test_long_keys_few_rows(device, fmt, layout):
+    """Few query rows with thousands of keys: the CPU operator splits such rows' keys into
+    chunks and merges them (decode_cpu.cpp), the GPU plans KV splits. Ragged, with an empty item."""
+    case = make_case(fmt, layout, 16, 2, [2600, 0, 1100, 1025], seed=21, device=device)
+    out, lse = run_op(case)
+    check_against_reference(case, out, lse)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_functional_and_out_variants_agree(device, fmt):
     case = make_case(fmt, "indptr", 16, 1, [40, 3], seed=11, device=device)
     out1, lse1 = run_op(case, poisoned=True)

@@ -24,6 +24,10 @@ namespace {
 
 constexpr int kHeadsPerTask = 16;
 constexpr int kKeysPerBlock = 32;  // keys dequantised together (72 KB of fp32 rows)
+// Splitting a task's keys (see decode_cpu): chunks of at least this many keys,
+// and at most this many chunks in all (8.4 MB of partials).
+constexpr int64_t kMinChunkKeys = 512;
+constexpr int64_t kMaxPartials = 256;
 
 // Decode tables, built once per call: every fp8 code (times the tensor
 // scale, the same fp32 product the per-element decode made), and both E2M1
@@ -89,35 +93,39 @@ float dot576(const float* a, const float* b) {
   return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
 }
 
-// One task: query token qi of item b, heads h0 .. h0 + nh - 1. Keys are taken
-// kKeysPerBlock at a time: the block's rows are dequantised once into
+// One piece of work: query token t (qi-th of item b), heads h0 .. h0 + nh - 1,
+// keys [key_begin, key_end) of its `visible` keys.
+struct Task {
+  int32_t b, qi, h0, nh, visible;
+  int32_t chunks;          // pieces its keys are split into (1: not split)
+  int64_t partial_offset;  // its first partial record (chunks > 1)
+};
+
+// Running softmax state of nh heads: max m, sum l (per head) and the
+// 512-float accumulator.
+struct Partial {
+  float m[kHeadsPerTask];
+  float l[kHeadsPerTask];
+  float* acc;  // nh x 512
+};
+
+// Online softmax over keys [key_begin, key_end) of `task` into `st`. Keys are
+// taken kKeysPerBlock at a time: the block's rows are dequantised once into
 // `kblock`, every head scores them, and each head's running max / sum and
 // accumulator are rescaled once per block (not once per key).
-void run_task(const MlaDecodeParams& p, const DecodeTables& tables, int32_t b, int32_t qi, int32_t h0, int32_t nh,
-              float* kblock, float* qbuf, float* acc) {
-  const int32_t q_begin = p.qo_indptr[b];
-  const int32_t q_len = p.qo_indptr[b + 1] - q_begin;
-  const int32_t kv_len = kv_length(p, b);
-  const int32_t visible = visible_keys(kv_len, q_len, qi);
-  const int64_t t = static_cast<int64_t>(q_begin) + qi;
-
-  const uint16_t* qbase = static_cast<const uint16_t*>(p.q);
+void attend(const MlaDecodeParams& p, const DecodeTables& tables, const Task& task, int32_t key_begin,
+            int32_t key_end, const float* qbuf, float* kblock, Partial& st) {
+  const int nh = task.nh;
   for (int h = 0; h < nh; ++h) {
-    const uint16_t* qh = qbase + t * p.q_stride_token + static_cast<int64_t>(h0 + h) * p.q_stride_head;
-    for (int d = 0; d < kHeadDimQK; ++d) qbuf[h * kHeadDimQK + d] = bf16_bits_to_float(qh[d]);
+    st.m[h] = -std::numeric_limits<float>::infinity();
+    st.l[h] = 0.f;
   }
-  float m[kHeadsPerTask], l[kHeadsPerTask];
-  for (int h = 0; h < nh; ++h) {
-    m[h] = -std::numeric_limits<float>::infinity();
-    l[h] = 0.f;
-  }
-  std::fill(acc, acc + nh * kHeadDimV, 0.f);
-
+  std::fill(st.acc, st.acc + nh * kHeadDimV, 0.f);
   float score[kKeysPerBlock];
-  for (int32_t j0 = 0; j0 < visible; j0 += kKeysPerBlock) {
-    const int nk = std::min<int32_t>(kKeysPerBlock, visible - j0);
+  for (int32_t j0 = key_begin; j0 < key_end; j0 += kKeysPerBlock) {
+    const int nk = std::min<int32_t>(kKeysPerBlock, key_end - j0);
     // Out-of-range rows are rejected by check_index_values before we get here.
-    for (int k = 0; k < nk; ++k) load_row(p, tables, kv_row(p, b, j0 + k), kblock + k * kHeadDimQK);
+    for (int k = 0; k < nk; ++k) load_row(p, tables, kv_row(p, task.b, j0 + k), kblock + k * kHeadDimQK);
     for (int h = 0; h < nh; ++h) {
       const float* qh = qbuf + h * kHeadDimQK;
       float block_max = -std::numeric_limits<float>::infinity();
@@ -125,60 +133,169 @@ void run_task(const MlaDecodeParams& p, const DecodeTables& tables, int32_t b, i
         score[k] = dot576(qh, kblock + k * kHeadDimQK) * p.sm_scale;
         block_max = std::max(block_max, score[k]);  // a NaN score is skipped here, and poisons l below
       }
-      const float m_new = std::max(m[h], block_max);
-      float* a = acc + h * kHeadDimV;
-      if (m_new > m[h]) {
-        const float alpha = std::exp(m[h] - m_new);  // exp(-inf) = 0 on the first block
-        l[h] *= alpha;
+      const float m_new = std::max(st.m[h], block_max);
+      float* a = st.acc + h * kHeadDimV;
+      if (m_new > st.m[h]) {
+        const float alpha = std::exp(st.m[h] - m_new);  // exp(-inf) = 0 on the first block
+        st.l[h] *= alpha;
         for (int d = 0; d < kHeadDimV; ++d) a[d] *= alpha;
-        m[h] = m_new;
+        st.m[h] = m_new;
       }
       for (int k = 0; k < nk; ++k) {
-        const float w = std::exp(score[k] - m[h]);  // NaN scores propagate into l and acc
-        l[h] += w;
+        const float w = std::exp(score[k] - st.m[h]);  // NaN scores propagate into l and acc
+        st.l[h] += w;
         const float* v = kblock + k * kHeadDimQK;
         for (int d = 0; d < kHeadDimV; ++d) a[d] += w * v[d];
       }
     }
   }
+}
 
+// The task's query rows as fp32 (nh x 576).
+void load_q(const MlaDecodeParams& p, const Task& task, float* qbuf) {
+  const int64_t t = static_cast<int64_t>(p.qo_indptr[task.b]) + task.qi;
+  const uint16_t* qbase = static_cast<const uint16_t*>(p.q);
+  for (int h = 0; h < task.nh; ++h) {
+    const uint16_t* qh = qbase + t * p.q_stride_token + static_cast<int64_t>(task.h0 + h) * p.q_stride_head;
+    for (int d = 0; d < kHeadDimQK; ++d) qbuf[h * kHeadDimQK + d] = bf16_bits_to_float(qh[d]);
+  }
+}
+
+// Writes out (bf16) and lse (natural log) of the task's rows from the final
+// state; a row that sees no key gets 0 and -inf.
+void store(const MlaDecodeParams& p, const Task& task, const Partial& st) {
+  const int64_t t = static_cast<int64_t>(p.qo_indptr[task.b]) + task.qi;
   uint16_t* obase = static_cast<uint16_t*>(p.out);
-  for (int h = 0; h < nh; ++h) {
-    uint16_t* o = obase + t * p.out_stride_token + static_cast<int64_t>(h0 + h) * p.out_stride_head;
-    float* lse = p.lse + t * p.lse_stride_token + static_cast<int64_t>(h0 + h) * p.lse_stride_head;
-    if (visible == 0) {
+  for (int h = 0; h < task.nh; ++h) {
+    uint16_t* o = obase + t * p.out_stride_token + static_cast<int64_t>(task.h0 + h) * p.out_stride_head;
+    float* lse = p.lse + t * p.lse_stride_token + static_cast<int64_t>(task.h0 + h) * p.lse_stride_head;
+    if (task.visible == 0) {
       for (int d = 0; d < kHeadDimV; ++d) o[d] = 0;
       *lse = -std::numeric_limits<float>::infinity();
       continue;
     }
-    const float inv = 1.f / l[h];
-    const float* a = acc + h * kHeadDimV;
+    const float inv = 1.f / st.l[h];
+    const float* a = st.acc + h * kHeadDimV;
     for (int d = 0; d < kHeadDimV; ++d) o[d] = c10::BFloat16(a[d] * inv).x;
-    *lse = m[h] + std::log(l[h]);
+    *lse = st.m[h] + std::log(st.l[h]);
   }
 }
+
+// Keys of chunk c of a task split into `chunks` pieces (multiples of
+// kKeysPerBlock, the last one shorter or empty).
+std::pair<int32_t, int32_t> chunk_keys(const Task& task, int32_t c) {
+  const int32_t per = (task.visible + task.chunks - 1) / task.chunks;
+  const int32_t size = (per + kKeysPerBlock - 1) / kKeysPerBlock * kKeysPerBlock;
+  const int32_t begin = std::min(task.visible, c * size);
+  return {begin, std::min(task.visible, begin + size)};
+}
+
+// Records of one partial: m and l per head, then the nh x 512 accumulator.
+constexpr int64_t kPartialFloats = 2 * kHeadsPerTask + kHeadsPerTask * kHeadDimV;
 
 }  // namespace
 
 void decode_cpu(const MlaDecodeParams& p) {
   const int32_t head_groups = (p.num_heads + kHeadsPerTask - 1) / kHeadsPerTask;
-  // Flatten (query row, head group); qo_indptr maps a query row to its item.
-  const int64_t tasks = static_cast<int64_t>(p.total_q) * head_groups;
   const DecodeTables tables = make_tables(p);
-  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+
+  // Tasks: (query row, head group), with qo_indptr mapping a row to its item.
+  std::vector<Task> tasks;
+  tasks.reserve(static_cast<size_t>(p.total_q) * head_groups);
+  for (int32_t b = 0; b < p.batch; ++b) {
+    const int32_t q_begin = p.qo_indptr[b], q_len = p.qo_indptr[b + 1] - q_begin;
+    const int32_t kv_len = kv_length(p, b);
+    for (int32_t qi = 0; qi < q_len; ++qi) {
+      for (int32_t g = 0; g < head_groups; ++g) {
+        const int32_t h0 = g * kHeadsPerTask;
+        tasks.push_back(Task{b, qi, h0, std::min(kHeadsPerTask, p.num_heads - h0),
+                             visible_keys(kv_len, q_len, qi), 1, 0});
+      }
+    }
+  }
+  // Few tasks with long key ranges (small batches) would leave cores idle, so
+  // their keys are split into chunks of at least kMinChunkKeys, at most
+  // kMaxPartials chunks in all, merged afterwards. The split follows from the
+  // shapes alone, never from the thread count, so results do not depend on it.
+  int64_t partials = 0;
+  const int64_t n_tasks = static_cast<int64_t>(tasks.size());
+  if (n_tasks > 0 && n_tasks < kMaxPartials / 2) {
+    const int64_t max_chunks = kMaxPartials / n_tasks;
+    for (Task& task : tasks) {
+      const int64_t want = task.visible / kMinChunkKeys;
+      task.chunks = static_cast<int32_t>(std::max<int64_t>(1, std::min(want, max_chunks)));
+      if (task.chunks > 1) {
+        task.partial_offset = partials;
+        partials += task.chunks;
+      }
+    }
+  }
+  std::vector<float> partial(static_cast<size_t>(partials * kPartialFloats));
+  std::vector<int64_t> first_piece(tasks.size() + 1, 0);
+  for (size_t i = 0; i < tasks.size(); ++i) first_piece[i + 1] = first_piece[i] + tasks[i].chunks;
+
+  // Every piece: a whole task (stored directly) or one chunk of a split task.
+  at::parallel_for(0, first_piece.back(), 1, [&](int64_t begin, int64_t end) {
     std::vector<float> kblock(kKeysPerBlock * kHeadDimQK);
     std::vector<float> qbuf(kHeadsPerTask * kHeadDimQK);
     std::vector<float> acc(kHeadsPerTask * kHeadDimV);
-    int32_t b = 0;
-    for (int64_t task = begin; task < end; ++task) {
-      const int32_t t = static_cast<int32_t>(task / head_groups);
-      const int32_t g = static_cast<int32_t>(task % head_groups);
-      // Items are few; a forward scan from the last position is cheap.
-      if (t < p.qo_indptr[b]) b = 0;
-      while (b < p.batch && t >= p.qo_indptr[b + 1]) ++b;
-      const int32_t h0 = g * kHeadsPerTask;
-      const int32_t nh = std::min(kHeadsPerTask, p.num_heads - h0);
-      run_task(p, tables, b, t - p.qo_indptr[b], h0, nh, kblock.data(), qbuf.data(), acc.data());
+    size_t ti = std::upper_bound(first_piece.begin(), first_piece.end(), begin) - first_piece.begin() - 1;
+    int64_t loaded_q = -1;
+    for (int64_t piece = begin; piece < end; ++piece) {
+      while (piece >= first_piece[ti + 1]) ++ti;
+      const Task& task = tasks[ti];
+      if (loaded_q != static_cast<int64_t>(ti)) {
+        load_q(p, task, qbuf.data());
+        loaded_q = static_cast<int64_t>(ti);
+      }
+      const int32_t c = static_cast<int32_t>(piece - first_piece[ti]);
+      Partial st;
+      if (task.chunks == 1) {
+        st.acc = acc.data();
+        attend(p, tables, task, 0, task.visible, qbuf.data(), kblock.data(), st);
+        store(p, task, st);
+      } else {
+        float* rec = partial.data() + (task.partial_offset + c) * kPartialFloats;
+        st.acc = rec + 2 * kHeadsPerTask;
+        const auto keys = chunk_keys(task, c);
+        attend(p, tables, task, keys.first, keys.second, qbuf.data(), kblock.data(), st);
+        std::copy(st.m, st.m + kHeadsPerTask, rec);
+        std::copy(st.l, st.l + kHeadsPerTask, rec + kHeadsPerTask);
+      }
+    }
+  });
+
+  // Merge the chunks of each split task: M = max m_c, l = sum l_c e^(m_c - M),
+  // acc = sum acc_c e^(m_c - M) (an empty chunk has m = -inf and weighs 0).
+  if (partials == 0) return;
+  at::parallel_for(0, n_tasks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(kHeadsPerTask * kHeadDimV);
+    for (int64_t ti = begin; ti < end; ++ti) {
+      const Task& task = tasks[ti];
+      if (task.chunks == 1) continue;
+      Partial st;
+      st.acc = acc.data();
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int h = 0; h < task.nh; ++h) {
+        float m = -std::numeric_limits<float>::infinity();
+        for (int32_t c = 0; c < task.chunks; ++c) {
+          m = std::max(m, partial[(task.partial_offset + c) * kPartialFloats + h]);
+        }
+        float l = 0.f;
+        float* a = st.acc + h * kHeadDimV;
+        for (int32_t c = 0; c < task.chunks; ++c) {
+          const float* rec = partial.data() + (task.partial_offset + c) * kPartialFloats;
+          const float m_c = rec[h], l_c = rec[kHeadsPerTask + h];
+          if (m_c == -std::numeric_limits<float>::infinity() && !std::isnan(l_c)) continue;  // empty chunk
+          const float w = std::exp(m_c - m);
+          l += l_c * w;
+          const float* a_c = rec + 2 * kHeadsPerTask + h * kHeadDimV;
+          for (int d = 0; d < kHeadDimV; ++d) a[d] += w * a_c[d];
+        }
+        st.m[h] = m;
+        st.l[h] = l;
+      }
+      store(p, task, st);
     }
   });
 }
