@@ -85,11 +85,13 @@ def test_all_items_empty(device):
     assert torch.isinf(lse).all() and (lse < 0).all()
 
 
-def test_nan_in_used_row_propagates(device):
-    """A NaN inside a row that IS attended must reach the output (no silent masking)."""
-    case = make_case("bf16", "indptr", 16, 1, [20], seed=9, device=device)
+@pytest.mark.parametrize("kv_len,nan_key", [(20, 3), (2600, 1700)])
+def test_nan_in_used_row_propagates(device, kv_len, nan_key):
+    """A NaN inside a row that IS attended must reach the output (no silent masking), also
+    when the row's keys are split into chunks (2600 keys: the CPU's chunks, the GPU's splits)."""
+    case = make_case("bf16", "indptr", 16, 1, [kv_len], seed=9, device=device)
     start = int(case.kv_indptr[0])
-    case.kv[start + 3, 0, 7] = float("nan")
+    case.kv[start + nan_key, 0, 7] = float("nan")
     out, lse = run_op(case)
     assert torch.isnan(out).all()
     assert torch.isnan(lse).all()
