@@ -1,6 +1,10 @@
 """GPU-only coverage: the head-count / q_len / layout matrix of the CUDA
 kernels, forced split counts, long sequences, and the competition entry."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -142,18 +146,40 @@ def _hopper_kernel_built():
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and "9.0a" in archs
 
 
+def _child_env(**env_vars):
+    """This process's environment for a child, with the once-per-process kernel switches
+    (read at the first call) cleared and then set to `env_vars`."""
+    env = dict(os.environ)
+    env.pop("MLA_DECODE_FP8_KERNEL", None)
+    env.pop("MLA_DECODE_SMEM_LIMIT", None)
+    env.update(env_vars)
+    return env
+
+
+def _run_this_file_in_child(k_expr, **env_vars):
+    """The tests of this file selected by `k_expr`, in a child process with `env_vars`: all must pass."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", k_expr],
+                          env=_child_env(**env_vars), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout and " failed" not in proc.stdout
+
+
+def _run_script_in_child(body, **env_vars):
+    """`body` (Python, with torch, mla_decode and tests/cases.py importable) in a child process
+    with `env_vars`; it must exit 0. Returns its stdout."""
+    script = f"import sys, torch\nsys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n" \
+             f"import mla_decode\n{body}"
+    proc = subprocess.run([sys.executable, "-c", script], env=_child_env(**env_vars), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
 @pytest.mark.skipif(not _hopper_kernel_built(), reason="needs an H100/H200 and a build with TORCH_CUDA_ARCH_LIST 9.0a")
 def test_fp8_suite_on_the_hopper_wgmma_kernel():
     """The opt-in Hopper fp8 kernel (MLA_DECODE_FP8_KERNEL=wgmma, read once per process):
     every fp8 test of this file again, in a child process that selects it."""
-    import os
-    import subprocess
-    import sys
-    env = dict(os.environ, MLA_DECODE_FP8_KERNEL="wgmma")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                           "(fp8 or odd_head) and not fnuz and not hopper"], env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert " passed" in proc.stdout and " failed" not in proc.stdout
+    _run_this_file_in_child("(fp8 or odd_head) and not fnuz and not hopper", MLA_DECODE_FP8_KERNEL="wgmma")
 
 
 def _nvidia_gpu():
@@ -161,8 +187,8 @@ def _nvidia_gpu():
 
 
 # 99 KB: the per-block shared-memory opt-in limit of sm_86 / sm_89 / sm_120 parts,
-# below which fp8 (103 KB), e4m3fnuz (102.5 KB) and MXFP4 (107 KB) run a ring of
-# one stage less, and bf16 never takes its 156 KB deep ring.
+# below which fp8 (103 KB) and e4m3fnuz (102.5 KB) run a ring of one stage less
+# (MXFP4's 95 KB fits), and bf16 never takes its 156 KB deep ring.
 SMEM_99KB = 99 * 1024
 
 
@@ -170,30 +196,16 @@ SMEM_99KB = 99 * 1024
 def test_suite_within_99kb_of_shared_memory_per_block():
     """Every format's matrix, forced splits and odd head counts again, in a child process
     planned as on a 99 KB device (MLA_DECODE_SMEM_LIMIT, read once per process). Without
-    the shallower rings the fp8 / fnuz / MXFP4 calls would raise (their default needs more)."""
-    import os
-    import subprocess
-    import sys
-    env = dict(os.environ, MLA_DECODE_SMEM_LIMIT=str(SMEM_99KB))
-    env.pop("MLA_DECODE_FP8_KERNEL", None)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                           "matrix or forced_splits or odd_head or alternating"],
-                          env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert " passed" in proc.stdout and " failed" not in proc.stdout
+    the shallower rings the fp8 / fnuz calls would raise (their default needs more)."""
+    _run_this_file_in_child("matrix or forced_splits or odd_head or alternating",
+                            MLA_DECODE_SMEM_LIMIT=str(SMEM_99KB))
 
 
 @pytest.mark.skipif(not _nvidia_gpu(), reason="the mma.sync kernel's ring depths are NVIDIA-only")
 def test_too_little_shared_memory_is_a_clear_error():
     """With 64 KB per block no built ring fits any format: each call raises a RuntimeError
     naming the bytes needed and the limit, instead of a bare launch failure."""
-    import os
-    import subprocess
-    import sys
-    script = f"""
-import sys, torch
-sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
-import mla_decode
+    out = _run_script_in_child("""
 from cases import FORMATS, make_case
 for fmt in FORMATS:
     case = make_case(fmt, "indptr", 16, 1, [40, 7], seed=3, device=torch.device("cuda"))
@@ -205,24 +217,13 @@ for fmt in FORMATS:
         print("raised", fmt)
     else:
         raise SystemExit("no error for " + fmt)
-"""
-    env = dict(os.environ, MLA_DECODE_SMEM_LIMIT="65536")
-    env.pop("MLA_DECODE_FP8_KERNEL", None)
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    from cases import FORMATS
-    assert proc.stdout.count("raised ") == len(FORMATS), proc.stdout
+""", MLA_DECODE_SMEM_LIMIT="65536")
+    assert out.count("raised ") == len(FORMATS), out
 
 
 @pytest.mark.skipif(not _nvidia_gpu(), reason="the mma.sync kernel's ring depths are NVIDIA-only")
 def test_smem_limit_that_is_not_a_number_is_a_clear_error():
-    import os
-    import subprocess
-    import sys
-    script = f"""
-import sys, torch
-sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
-import mla_decode
+    out = _run_script_in_child("""
 from cases import make_case
 case = make_case("bf16", "indptr", 16, 1, [40], seed=3, device=torch.device("cuda"))
 try:
@@ -230,7 +231,5 @@ try:
 except RuntimeError as e:
     assert "MLA_DECODE_SMEM_LIMIT must be a number of bytes" in str(e) and "'99KB'" in str(e), str(e)
     print("raised")
-"""
-    env = dict(os.environ, MLA_DECODE_SMEM_LIMIT="99KB")
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "raised" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+""", MLA_DECODE_SMEM_LIMIT="99KB")
+    assert "raised" in out, out
