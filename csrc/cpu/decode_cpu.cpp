@@ -93,8 +93,8 @@ float dot576(const float* a, const float* b) {
   return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
 }
 
-// One piece of work: query token t (qi-th of item b), heads h0 .. h0 + nh - 1,
-// keys [key_begin, key_end) of its `visible` keys.
+// One (query token, head group): the qi-th query of item b, heads h0 .. h0 + nh - 1,
+// which sees `visible` keys (split into `chunks` pieces, see chunk_keys).
 struct Task {
   int32_t b, qi, h0, nh, visible;
   int32_t chunks;          // pieces its keys are split into (1: not split)
