@@ -35,7 +35,8 @@ int smem_limit_from_env() {
   return static_cast<int>(limit);
 }
 
-cuda::DeviceLimits current_device_limits() {
+// The current device's limits; env_limit > 0 caps the per-block opt-in.
+cuda::DeviceLimits current_device_limits(int env_limit) {
   const auto* prop = at::cuda::getCurrentDeviceProperties();  // cached by PyTorch per device
   cuda::DeviceLimits dev;
   dev.num_sms = prop->multiProcessorCount;
@@ -47,7 +48,7 @@ cuda::DeviceLimits current_device_limits() {
   dev.smem_per_block_optin = static_cast<int>(prop->sharedMemPerBlockOptin);
   dev.smem_per_sm = static_cast<int>(prop->sharedMemPerMultiprocessor);
 #endif
-  if (smem_limit_from_env() > 0) dev.smem_per_block_optin = std::min(dev.smem_per_block_optin, smem_limit_from_env());
+  if (env_limit > 0) dev.smem_per_block_optin = std::min(dev.smem_per_block_optin, env_limit);
   return dev;
 }
 
@@ -60,9 +61,10 @@ void decode_out_cuda(const at::Tensor& q, const at::Tensor& kv_cache, const c10:
   const DecodeInputs in{q, kv_cache, kv_scale, qo_indptr, kv_indptr, kv_indices, block_table, kv_lens,
                         page_size, sm_scale, num_splits};
   const MlaDecodeParams p = check_and_make_params(in, out, lse);
-  const cuda::DeviceLimits dev = current_device_limits();
+  const int env_limit = smem_limit_from_env();
+  const cuda::DeviceLimits dev = current_device_limits(env_limit);
   const cuda::SplitPlan plan = cuda::plan_splits(p, dev, static_cast<int>(num_splits));
-  const bool env_limited = smem_limit_from_env() > 0 && smem_limit_from_env() == dev.smem_per_block_optin;
+  const bool env_limited = env_limit > 0 && env_limit == dev.smem_per_block_optin;
   MLA_CHECK(plan.smem_bytes <= dev.smem_per_block_optin, "mla_decode: the ", format_name(p.format),
             " decode kernel needs ", plan.smem_bytes, " bytes of shared memory per block, but ", q.device(),
             " allows ", dev.smem_per_block_optin, " (", env_limited ? "MLA_DECODE_SMEM_LIMIT" :
