@@ -8,7 +8,8 @@
 #   ab        the competition protocol only, alternately with MLA_DECODE_EXP (or the
 #             variable named by $AB_VAR) set to each value of $AB (default
 #             "0 1 0 1"), for an experiment switch read by the code under test;
-#             scripts/ab_table.py prints the per-shape table
+#             scripts/ab_table.py prints the per-shape table; $AB_ARGS adds
+#             benchmark options (e.g. "--formats fp8")
 #   sanitize  compute-sanitizer on scripts/sanitize_cases.py, each tool of
 #             $SANITIZE_TOOLS (default: memcheck racecheck synccheck initcheck),
 #             also for the fp8 cases on the opt-in Hopper kernel
@@ -59,7 +60,7 @@ for step in $steps; do
       for e in ${AB:-0 1 0 1}; do
         echo "## MLA_DECODE_EXP=$e (${AB_VAR:-MLA_DECODE_EXP})" >> "$OUT/ab.log"
         env "${AB_VAR:-MLA_DECODE_EXP}=$e" timeout "$AB_RUN_S" python3 benchmarks/bench_decode.py --skip-sweep --no-progress \
-          --no-accuracy --out "/tmp/ab_$e" >> "$OUT/ab.log" 2>&1 || rc=1
+          --no-accuracy ${AB_ARGS:-} --out "/tmp/ab_$e" >> "$OUT/ab.log" 2>&1 || rc=1
       done
       python3 scripts/ab_table.py "$OUT/ab.log" ;;
     sanitize)
