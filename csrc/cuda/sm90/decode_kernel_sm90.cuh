@@ -342,6 +342,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_fp8_wgmma_kernel(const Dec
     const uint32_t stage = kv_smem + slot * kStageBytes;
     mbar_wait(full_bar + 8 * slot, (tile / kStages) & 1);
     fence_proxy_async_shared();  // the landed copies, before the tensor cores read them
+    // Bad-index flags of this thread's tokens, read before the wgmmas are
+    // issued so that the loads are not queued behind them.
+    const int row0 = 16 * warp + g;
+    const bool bad0 = bad_rows[slot * kTileTokens + row0] != 0, bad1 = bad_rows[slot * kTileTokens + row0 + 8] != 0;
 
     // ---- 1. scores ------------------------------------------------------------
     // Per k-step, an N = 16 wgmma for the hi term and an N = 32 one for mid
@@ -374,8 +378,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_fp8_wgmma_kernel(const Dec
       }
       wgmma_commit();
     }
-    const int row0 = 16 * warp + g;
-    const bool bad0 = bad_rows[slot * kTileTokens + row0] != 0, bad1 = bad_rows[slot * kTileTokens + row0 + 8] != 0;
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 16; ++i) pin(acc_ml[i]);
