@@ -45,11 +45,13 @@ bool fp8_uses_wgmma(const MlaDecodeParams& p) {
 cudaError_t launch_fp8_wgmma(const DecodeLaunch& args, cudaStream_t stream) {
   constexpr int kSmem = sm90::Smem::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
-  static unsigned long long configured_devices = 0;
-  const cudaError_t err = opt_in_dynamic_smem(sm90::decode_fp8_wgmma_kernel, kSmem, configured_devices);
+  static const int exp = [] { const char* v = std::getenv("MLA_DECODE_EXP"); return v ? std::atoi(v) : 4; }();
+  auto* kernel = exp == 2 ? sm90::decode_fp8_wgmma_kernel<2> : exp == 8 ? sm90::decode_fp8_wgmma_kernel<8> : sm90::decode_fp8_wgmma_kernel<4>;
+  static unsigned long long configured_devices[3] = {0, 0, 0};
+  const cudaError_t err = opt_in_dynamic_smem(kernel, kSmem, configured_devices[exp == 2 ? 0 : exp == 8 ? 2 : 1]);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(args.p.total_q) * args.head_groups, args.num_splits);
-  sm90::decode_fp8_wgmma_kernel<<<grid, sm90::kThreads, kSmem, stream>>>(args);
+  kernel<<<grid, sm90::kThreads, kSmem, stream>>>(args);
   return cudaGetLastError();
 }
 

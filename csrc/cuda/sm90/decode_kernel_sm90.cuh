@@ -107,7 +107,8 @@ constexpr float kPScale = 256.f;                       // P * 256 <= 256 < 448 (
 constexpr int kHiChains = 6;
 static_assert(kQKSteps % kHiChains == 0, "equal chains");
 // Arrivals that complete a phase of full[s] and empty[s] (see the top).
-constexpr uint32_t kFullArrivals = kProducerThreads + kProducerThreads / 4;
+template <int kTPT>
+constexpr uint32_t full_arrivals() { return kProducerThreads + kProducerThreads / kTPT; }
 constexpr uint32_t kEmptyArrivals = 128;
 // Named barrier ids (0 is __syncthreads): 1 + wg for a consumer warpgroup,
 // kConsumersBarrier for both consumer warpgroups.
@@ -152,6 +153,7 @@ __device__ __forceinline__ float2 e4m3x2_to_f32x2(uint32_t codes) {
 __device__ __forceinline__ void pin(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 __device__ __forceinline__ void pin(uint32_t& x) { asm volatile("" : "+r"(x)::"memory"); }
 
+template <int kTPT>  // producer threads per token (EXPERIMENT: 2, 4, 8)
 __global__ void __launch_bounds__(kThreads, 1) decode_fp8_wgmma_kernel(const DecodeLaunch args) {
 #if MLA_SM90A_DEVICE
   extern __shared__ __align__(128) uint8_t smem[];
@@ -172,7 +174,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_fp8_wgmma_kernel(const Dec
 
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(full_bar + 8 * s, kFullArrivals);
+      mbar_init(full_bar + 8 * s, full_arrivals<kTPT>());
       mbar_init(empty_bar + 8 * s, kEmptyArrivals);
     }
   }
@@ -197,7 +199,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_fp8_wgmma_kernel(const Dec
     // (unused cache rows may hold NaN).
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
     const int pt = tid - kConsumerThreads;
-    const int sub = pt % 4, token = pt / 4;
+    const int sub = pt % kTPT, token = pt / kTPT;
+    constexpr int kPassTokens = kProducerThreads / kTPT, kPasses = kTileTokens / kPassTokens;
     const uint8_t* kv_base = static_cast<const uint8_t*>(p.kv);
     const bool contiguous = p.layout == KvLayout::kIndptr;
     const int64_t contiguous_base =
@@ -207,8 +210,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_fp8_wgmma_kernel(const Dec
     for (int tile = 0; tile < n_tiles; ++tile) {
       if (tile >= kStages) mbar_wait(empty_bar + 8 * slot, reuse_parity);
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int n = token + 32 * half;
+      for (int half = 0; half < kPasses; ++half) {
+        const int n = token + kPassTokens * half;
         const int j = kv_begin + tile * kTileTokens + n;
         int64_t r = -2;  // past the split
         if (j < kv_end) {
@@ -220,7 +223,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_fp8_wgmma_kernel(const Dec
         const uint32_t dst = kv_smem + slot * kStageBytes + sub * kChunkStride + n * 16;
         const int src_bytes = r >= 0 ? 16 : 0;
 #pragma unroll
-        for (int i = 0; i < kRowChunks / 4; ++i) cp_async_16(dst + 4 * i * kChunkStride, src + 64 * i, src_bytes);
+        for (int i = 0; i < (kRowChunks + kTPT - 1) / kTPT; ++i) {
+          if (kRowChunks % kTPT == 0 || sub + kTPT * i < kRowChunks)
+            cp_async_16(dst + kTPT * i * kChunkStride, src + 16 * kTPT * i, src_bytes);
+        }
       }
       mbar_arrive_on_cp_async(full_bar + 8 * slot);
       if (sub == 0) mbar_arrive(full_bar + 8 * slot);  // publishes this thread's two bad-row bytes
