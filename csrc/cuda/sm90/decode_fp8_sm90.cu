@@ -14,9 +14,11 @@ namespace cuda {
 namespace {
 
 // MLA_DECODE_FP8_KERNEL=wgmma opts in to the Hopper kernel; read once per
-// process. It is correct (the whole fp8 GPU suite passes on it) but, as of
-// session 4, slower than the mma.sync kernel on every benchmark shape
-// (docs/performance.md, v22-v26), so it is not the default.
+// process. It is correct (the whole fp8 GPU suite passes on it) but slower
+// than the mma.sync kernel on every benchmark shape: 1.3-1.5x at H = 16 and
+// at H = 128, in its session 4 form and in its warp-specialised session 8
+// form (docs/performance.md, v22-v26 and session 8), so it is not the
+// default.
 bool wgmma_requested_by_env() {
   static const bool requested = [] {
     const char* v = std::getenv("MLA_DECODE_FP8_KERNEL");
@@ -45,13 +47,11 @@ bool fp8_uses_wgmma(const MlaDecodeParams& p) {
 cudaError_t launch_fp8_wgmma(const DecodeLaunch& args, cudaStream_t stream) {
   constexpr int kSmem = sm90::Smem::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
-  static const int exp = [] { const char* v = std::getenv("MLA_DECODE_EXP"); return v ? std::atoi(v) : 4; }();
-  auto* kernel = exp == 2 ? sm90::decode_fp8_wgmma_kernel<2> : exp == 8 ? sm90::decode_fp8_wgmma_kernel<8> : sm90::decode_fp8_wgmma_kernel<4>;
-  static unsigned long long configured_devices[3] = {0, 0, 0};
-  const cudaError_t err = opt_in_dynamic_smem(kernel, kSmem, configured_devices[exp == 2 ? 0 : exp == 8 ? 2 : 1]);
+  static unsigned long long configured_devices = 0;
+  const cudaError_t err = opt_in_dynamic_smem(sm90::decode_fp8_wgmma_kernel, kSmem, configured_devices);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(args.p.total_q) * args.head_groups, args.num_splits);
-  kernel<<<grid, sm90::kThreads, kSmem, stream>>>(args);
+  sm90::decode_fp8_wgmma_kernel<<<grid, sm90::kThreads, kSmem, stream>>>(args);
   return cudaGetLastError();
 }
 

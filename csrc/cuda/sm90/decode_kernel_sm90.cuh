@@ -23,9 +23,9 @@
 //
 // Ring protocol (one mbarrier pair per slot; tile t lives in slot t % kStages,
 // its use number is t / kStages, the parity a waiter passes):
-//   full[s]:  160 arrivals: one per producer thread when its copies of the
+//   full[s]:  192 arrivals: one per producer thread when its copies of the
 //             tile have landed (cp.async.mbarrier.arrive.noinc), plus an
-//             ordinary arrive of each of the 32 threads that write the slot's
+//             ordinary arrive of each of the 64 threads that write the slot's
 //             bad-row bytes, after writing them.
 //   empty[s]: 128 arrivals: every thread of the consuming warpgroup, once it
 //             has read the slot for the last time (QK's wgmma waited for, V
@@ -107,8 +107,14 @@ constexpr float kPScale = 256.f;                       // P * 256 <= 256 < 448 (
 constexpr int kHiChains = 6;
 static_assert(kQKSteps % kHiChains == 0, "equal chains");
 // Arrivals that complete a phase of full[s] and empty[s] (see the top).
-template <int kTPT>
-constexpr uint32_t full_arrivals() { return kProducerThreads + kProducerThreads / kTPT; }
+// Producer threads per cache row: each copies every second 16-byte chunk of
+// its row (measured against 4 and 8 in session 8, run63: 2 was fastest at
+// the long shapes, b256/kv8192 594 against 650 and 634 us; 8 at the short
+// ones, by ~1 us; the fp8 geomeans were within 1.5%).
+constexpr int kProducerThreadsPerRow = 2;
+constexpr int kRowsPerPass = kProducerThreads / kProducerThreadsPerRow;  // 64: a whole tile
+static_assert(kRowsPerPass == kTileTokens, "one pass of the producer covers a tile");
+constexpr uint32_t kFullArrivals = kProducerThreads + kRowsPerPass;
 constexpr uint32_t kEmptyArrivals = 128;
 // Named barrier ids (0 is __syncthreads): 1 + wg for a consumer warpgroup,
 // kConsumersBarrier for both consumer warpgroups.
@@ -153,7 +159,6 @@ __device__ __forceinline__ float2 e4m3x2_to_f32x2(uint32_t codes) {
 __device__ __forceinline__ void pin(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 __device__ __forceinline__ void pin(uint32_t& x) { asm volatile("" : "+r"(x)::"memory"); }
 
-template <int kTPT>  // producer threads per token (EXPERIMENT: 2, 4, 8)
 __global__ void __launch_bounds__(kThreads, 1) decode_fp8_wgmma_kernel(const DecodeLaunch args) {
 #if MLA_SM90A_DEVICE
   extern __shared__ __align__(128) uint8_t smem[];
@@ -174,7 +179,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_fp8_wgmma_kernel(const Dec
 
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(full_bar + 8 * s, full_arrivals<kTPT>());
+      mbar_init(full_bar + 8 * s, kFullArrivals);
       mbar_init(empty_bar + 8 * s, kEmptyArrivals);
     }
   }
@@ -187,20 +192,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_fp8_wgmma_kernel(const Dec
 
   if (wg == 2) {
     // ---- producer warpgroup -------------------------------------------------
-    // Thread pt copies tokens n = pt / 4 and n + 32 of each tile, chunks
-    // pt % 4 + 4i: the 4 threads of a token read 64 contiguous bytes (two
-    // whole 32-byte sectors) per step, and one warp instruction writes 8
-    // tokens of 4 chunk columns, 4 x 128 contiguous bytes, i.e. every bank
-    // once per wavefront. (Session 8's first version gave each thread one
-    // 16-byte chunk of 32 different rows per instruction: every sector was
-    // requested twice, L2 ran at 92% of its peak and DRAM at 42%.)
-    // Rows past the split or with a bad index are zero-filled (src_bytes 0):
-    // PV multiplies every row by its P, so those rows must hold finite codes
-    // (unused cache rows may hold NaN).
+    // Threads 2n and 2n + 1 copy token n of each tile, chunks 2i and 2i + 1:
+    // together 32 contiguous bytes (one sector) per step. Rows past the split
+    // or with a bad index are zero-filled (src_bytes 0): PV multiplies every
+    // row by its P, so those rows must hold finite codes (unused cache rows
+    // may hold NaN).
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
     const int pt = tid - kConsumerThreads;
-    const int sub = pt % kTPT, token = pt / kTPT;
-    constexpr int kPassTokens = kProducerThreads / kTPT, kPasses = kTileTokens / kPassTokens;
+    const int sub = pt % kProducerThreadsPerRow, n = pt / kProducerThreadsPerRow;
     const uint8_t* kv_base = static_cast<const uint8_t*>(p.kv);
     const bool contiguous = p.layout == KvLayout::kIndptr;
     const int64_t contiguous_base =
@@ -209,27 +208,22 @@ __global__ void __launch_bounds__(kThreads, 1) decode_fp8_wgmma_kernel(const Dec
     uint32_t reuse_parity = 0;  // parity of the empty[slot] phase to wait for
     for (int tile = 0; tile < n_tiles; ++tile) {
       if (tile >= kStages) mbar_wait(empty_bar + 8 * slot, reuse_parity);
+      const int j = kv_begin + tile * kTileTokens + n;
+      int64_t r = -2;  // past the split
+      if (j < kv_end) {
+        r = contiguous ? contiguous_base + j : kv_row(p, work.b, j);
+        if (r < 0 || r >= p.num_cache_rows) r = -1;  // bad index: NaN score
+      }
+      if (sub == 0) bad_rows[slot * kTileTokens + n] = r == -1 ? 1 : 0;
+      const uint8_t* src = kv_base + (r >= 0 ? r : 0) * p.kv_row_stride_bytes + 16 * sub;
+      const uint32_t dst = kv_smem + slot * kStageBytes + sub * kChunkStride + n * 16;
+      const int src_bytes = r >= 0 ? 16 : 0;
 #pragma unroll
-      for (int half = 0; half < kPasses; ++half) {
-        const int n = token + kPassTokens * half;
-        const int j = kv_begin + tile * kTileTokens + n;
-        int64_t r = -2;  // past the split
-        if (j < kv_end) {
-          r = contiguous ? contiguous_base + j : kv_row(p, work.b, j);
-          if (r < 0 || r >= p.num_cache_rows) r = -1;  // bad index: NaN score
-        }
-        if (sub == 0) bad_rows[slot * kTileTokens + n] = r == -1 ? 1 : 0;
-        const uint8_t* src = kv_base + (r >= 0 ? r : 0) * p.kv_row_stride_bytes + 16 * sub;
-        const uint32_t dst = kv_smem + slot * kStageBytes + sub * kChunkStride + n * 16;
-        const int src_bytes = r >= 0 ? 16 : 0;
-#pragma unroll
-        for (int i = 0; i < (kRowChunks + kTPT - 1) / kTPT; ++i) {
-          if (kRowChunks % kTPT == 0 || sub + kTPT * i < kRowChunks)
-            cp_async_16(dst + kTPT * i * kChunkStride, src + 16 * kTPT * i, src_bytes);
-        }
+      for (int i = 0; i < kRowChunks / kProducerThreadsPerRow; ++i) {
+        cp_async_16(dst + kProducerThreadsPerRow * i * kChunkStride, src + 16 * kProducerThreadsPerRow * i, src_bytes);
       }
       mbar_arrive_on_cp_async(full_bar + 8 * slot);
-      if (sub == 0) mbar_arrive(full_bar + 8 * slot);  // publishes this thread's two bad-row bytes
+      if (sub == 0) mbar_arrive(full_bar + 8 * slot);  // publishes this thread's bad-row byte
       if (++slot == kStages) {
         slot = 0;
         if (tile >= kStages) reuse_parity ^= 1u;
