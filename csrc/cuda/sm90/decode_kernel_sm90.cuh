@@ -117,14 +117,9 @@ static_assert(kRowsPerPass == kTileTokens, "one pass of the producer covers a ti
 constexpr uint32_t kFullArrivals = kProducerThreads + kRowsPerPass;
 constexpr uint32_t kEmptyArrivals = 128;
 // Named barrier ids (0 is __syncthreads): 1 + wg for a consumer warpgroup,
-// kConsumersBarrier for both consumer warpgroups (Q ready), kMergeBarrier for
-// the whole CTA around the merge after the loop. (The producer takes part in
-// the merge barriers instead of exiting early: with a 256-thread barrier and
-// the producer gone, compute-sanitizer's racecheck reported the merge
-// buffer's writes and reads, which that barrier orders, as races: session 8,
-// run64.)
+// kConsumersBarrier for both consumer warpgroups (Q ready). The merge after
+// the loop is ordered by __syncthreads, which the producer joins.
 constexpr int kConsumersBarrier = 3;
-constexpr int kMergeBarrier = 4;
 
 struct Smem {
   static constexpr int kKv = 0;
@@ -235,8 +230,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_fp8_wgmma_kernel(const Dec
         if (tile >= kStages) reuse_parity ^= 1u;
       }
     }
-    named_barrier(kMergeBarrier, kThreads);  // the consumers' two merge barriers
-    named_barrier(kMergeBarrier, kThreads);
+    __syncthreads();  // the consumers' two merge barriers
+    __syncthreads();
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
@@ -548,7 +543,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_fp8_wgmma_kernel(const Dec
   }
   // Both warpgroups are past their last read of the ring (every tile was
   // consumed, so no copy is in flight either): it becomes the merge buffer.
-  named_barrier(kMergeBarrier, kThreads);
+  __syncthreads();
   float* xo = reinterpret_cast<float*>(smem + Smem::kXO);
   float* xm = reinterpret_cast<float*>(smem + Smem::kXM);
   float* xl = reinterpret_cast<float*>(smem + Smem::kXL);
@@ -572,7 +567,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_fp8_wgmma_kernel(const Dec
       *reinterpret_cast<float2*>(xo + (wg * kTileRows + head_of[j]) * 256 + dim) = make_float2(v0, v1);
     }
   }
-  named_barrier(kMergeBarrier, kThreads);
+  __syncthreads();
 
   const float out_scale = __ldg(p.fp8_scale) / kPScale;  // V's dequantisation and P's 256
   const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
