@@ -14,11 +14,9 @@ namespace cuda {
 namespace {
 
 // MLA_DECODE_FP8_KERNEL=wgmma opts in to the Hopper kernel; read once per
-// process. It is correct (the whole fp8 GPU suite passes on it) but slower
-// than the mma.sync kernel on every benchmark shape: 1.3-1.5x at H = 16 and
-// at H = 128, in its session 4 form and in its warp-specialised session 8
-// form (docs/performance.md, v22-v26 and session 8), so it is not the
-// default.
+// process. It is correct (the whole fp8 GPU suite passes on it) but, as of
+// session 4, slower than the mma.sync kernel on every benchmark shape
+// (docs/performance.md, v22-v26), so it is not the default.
 bool wgmma_requested_by_env() {
   static const bool requested = [] {
     const char* v = std::getenv("MLA_DECODE_FP8_KERNEL");

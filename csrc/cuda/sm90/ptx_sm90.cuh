@@ -1,8 +1,8 @@
 // Thin wrappers over the Hopper (sm_90a) instructions of the wgmma decode
 // kernel (decode_kernel_sm90.cuh): warpgroup MMA on e4m3 (A in registers or
 // shared memory, B in shared memory), the shared-memory matrix descriptor,
-// the proxy fence that orders ordinary shared-memory writes before the
-// tensor cores read them, mbarriers and named barriers.
+// and the proxy fence that orders ordinary shared-memory writes before the
+// tensor cores read them.
 //
 // Only compiled into device code for sm_90a (MLA_SM90A_DEVICE below); other
 // device passes see declarations with empty bodies that are never launched
@@ -120,51 +120,6 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 #if MLA_SM90A_DEVICE
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
-}
-
-// ---------------------------------------------------------------------------
-// mbarrier (shared-memory transaction barrier, sm_90 form). A barrier is one
-// 8-byte word initialised with the number of arrivals that complete a phase;
-// waiters pass the parity of the phase they wait for (0 for the first).
-// ---------------------------------------------------------------------------
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t arrivals) {
-#if MLA_SM90A_DEVICE
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals) : "memory");
-#endif
-}
-// One arrival, with release semantics: this thread's earlier shared-memory
-// reads and writes happen before a waiter of the phase it completes proceeds.
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-#if MLA_SM90A_DEVICE
-  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
-#endif
-}
-// One arrival, made by the hardware once every cp.async this thread issued
-// so far has landed (.noinc: the arrival counts against the count given to
-// mbar_init).
-__device__ __forceinline__ void mbar_arrive_on_cp_async(uint32_t bar) {
-#if MLA_SM90A_DEVICE
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-#endif
-}
-// Blocks until the phase of parity `parity` has completed (acquire).
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-#if MLA_SM90A_DEVICE
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (done == 0);
-#endif
-}
-
-// Named barrier `id` (1..15; 0 is __syncthreads) among `threads` threads,
-// a multiple of 32.
-__device__ __forceinline__ void named_barrier(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 }  // namespace sm90
