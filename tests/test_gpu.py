@@ -74,6 +74,32 @@ def test_concurrent_calls_on_two_streams(fmt):
         check_against_reference(case, out, lse)
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_split_calls_with_growing_rows_and_graph_replays_in_between(fmt):
+    """The combine's per-row tickets (NVIDIA sm_90+): a call with more rows than the stream's
+    ticket buffer holds (300 tokens x 16 heads > 4096) grows it, and calls of different inputs
+    and split counts follow each other, with a CUDA-graph replay (which waits for the whole split
+    grid instead) between them on the same stream. A ticket left non-zero would let the next
+    call's combine read partials before they are written: a wrong, input-dependent result."""
+    big = make_case(fmt, "indptr", 16, 1, [40 + (i % 7) for i in range(300)], seed=54, device=DEV)
+    small = make_case(fmt, "indptr", 16, 1, [700, 5, 0, 64], seed=55, device=DEV)
+    static = make_case(fmt, "indptr", 16, 1, [600, 90], seed=56, device=DEV)
+    graph = torch.cuda.CUDAGraph()
+    torch.ops.mla_decode.decode(*static.args(), 4)  # warm-up outside the capture
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        g_out, g_lse = torch.ops.mla_decode.decode(*static.args(), 4)
+    results = []  # everything is enqueued back to back on the stream, checked at the end
+    for num_splits in [3, 4, 2]:
+        for case in [small, big, small]:
+            results.append((case, *torch.ops.mla_decode.decode(*case.args(), num_splits)))
+        graph.replay()
+        results.append((static, g_out.clone(), g_lse.clone()))
+    torch.cuda.synchronize()
+    for case, out, lse in results:
+        check_against_reference(case, out, lse)
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "mxfp4"])
 def test_long_sequence(fmt):
     case = make_case(fmt, "paged", 16, 1, [9000, 3], seed=77, device=DEV, page_size=64)
