@@ -76,11 +76,11 @@ def test_concurrent_calls_on_two_streams(fmt):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_split_calls_with_growing_rows_and_graph_replays_in_between(fmt):
-    """The combine's per-row tickets (NVIDIA sm_90+): a call with more rows than the stream's
-    ticket buffer holds (300 tokens x 16 heads > 4096) grows it, and calls of different inputs
-    and split counts follow each other, with a CUDA-graph replay (which waits for the whole split
-    grid instead) between them on the same stream. A ticket left non-zero would let the next
-    call's combine read partials before they are written: a wrong, input-dependent result."""
+    """Split calls of different inputs, row counts (300 tokens x 16 heads, then 4 x 16) and split
+    counts, enqueued back to back on one stream with a CUDA-graph replay of another split call
+    between them, checked only at the end: no state of one call (workspace, partials, anything a
+    combine hand-off might keep, such as docs/experiments/combine-tickets.patch's per-row
+    counters) may leak into the next, or let a combine read partials before they are written."""
     big = make_case(fmt, "indptr", 16, 1, [40 + (i % 7) for i in range(300)], seed=54, device=DEV)
     small = make_case(fmt, "indptr", 16, 1, [700, 5, 0, 64], seed=55, device=DEV)
     static = make_case(fmt, "indptr", 16, 1, [600, 90], seed=56, device=DEV)

@@ -46,13 +46,6 @@ struct DecodeLaunch {
   int32_t q_per_item;  // total_q / batch when it divides evenly (a guess for the
                        // token -> item lookup, checked on the device), else 0
   int32_t stages;      // SplitPlan::stages (host-side kernel choice)
-  // NVIDIA sm_90+, mma.sync kernel, num_splits > 1: one counter per (token,
-  // head) row, zero when the call starts. Each CTA adds 1 to its 16 rows'
-  // counters once their partials are visible; the combine kernel, launched as
-  // a programmatic dependent, starts a row when its counter reaches
-  // num_splits (instead of waiting for the whole split grid) and sets it back
-  // to 0. nullptr: the combine waits for the split grid (griddepcontrol.wait).
-  int32_t* combine_tickets;
   bool fp8_wgmma;      // SplitPlan::fp8_wgmma (host-side kernel choice)
 };
 

@@ -363,8 +363,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
   trace.mark();  // 1: the row lookup's round trip is done (the early copies needed its result)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Let the combine kernel (a programmatic dependent) start launching; it
-  // waits for this grid's completion, or for its rows' tickets, before
-  // reading any partial.
+  // waits for this grid's completion before reading any partial.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 
@@ -771,16 +770,6 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
       float* dst = args.partial_out + (static_cast<int64_t>(split) * rows + row) * kHeadDimV;
       store_row<kPvRaw, float, kMx>(o, half, inv, dst, warp, c, valid);
       if (valid && warp == 0 && c == 0) args.partial_lse[static_cast<int64_t>(split) * rows + row] = lse;
-    }
-  }
-  if (args.combine_tickets != nullptr && args.num_splits > 1) {
-    // Hand this CTA's rows to the combine kernel: every thread makes its
-    // partial stores visible at GPU scope, then one thread per head row
-    // counts the split in (the combine acquires the counter before reading).
-    __threadfence();
-    __syncthreads();
-    if (tid < kTileRows && h0 + tid < p.num_heads) {
-      atomicAdd(args.combine_tickets + static_cast<int64_t>(t) * p.num_heads + h0 + tid, 1);
     }
   }
   trace.mark();  // 5: outputs stored

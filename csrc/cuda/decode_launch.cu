@@ -49,50 +49,22 @@ constexpr int kManySplitsChunk = 32, kManySplitsRows = 1;
 //     rows' 64 KB of partials are read by as many SMs as there are rows.
 // There are no cross-lane operations, so the code is the same for 32- and
 // 64-wide warps.
-//
-// When to start: with `tickets` (DecodeLaunch::combine_tickets, NVIDIA sm_90+
-// only), as soon as the row's counter shows that all num_splits CTAs have
-// stored it (one thread per row polls, then resets the counter for the next
-// call); otherwise when the whole split grid has finished
-// (griddepcontrol.wait). The partials are read through L2 (ld.global.cg):
-// with tickets they are written by a grid that may still be running, which
-// the read-only cache path must not see.
 template <int kChunk, int kRows>
 __global__ void __launch_bounds__(kCombineRowThreads * kRows) combine_kernel(const MlaDecodeParams p,
                                                                   const float* __restrict__ partial_out,
                                                                   const float* __restrict__ partial_lse,
-                                                                  int num_splits, int32_t* tickets) {
+                                                                  int num_splits) {
   TraceProbe<3> trace;  // -DMLA_DECODE_TRACE only (trace.cuh)
   trace.start(blockIdx.x == 0 || blockIdx.x == gridDim.x - 1);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent of the split kernel (sm_90+): wait
+  // here until that grid has finished and its writes are visible.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+  trace.mark();  // 1: the split grid is done
   const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRows + threadIdx.x / kCombineRowThreads;
   const int t4 = threadIdx.x % kCombineRowThreads;
-#if !MLA_PLATFORM_HIP
-  if (tickets != nullptr) {
-    if (t4 == 0 && row < rows) {
-      int32_t* const ticket = tickets + row;
-      int32_t arrived = 0;
-      unsigned backoff_ns = 32;
-      for (;;) {
-        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(arrived) : "l"(ticket) : "memory");
-        if (arrived >= num_splits) break;
-        __nanosleep(backoff_ns);
-        backoff_ns = backoff_ns < 256 ? 2 * backoff_ns : 256;
-      }
-      *ticket = 0;  // this row's counter, ready for the next call on the stream
-    }
-    __syncthreads();  // the row's other threads read after the acquire
-  } else {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // Launched as a programmatic dependent of the split kernel (sm_90+): wait
-    // here until that grid has finished and its writes are visible.
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-  }
-#else
-  (void)tickets;
-#endif
-  trace.mark();  // 1: the split grid (or this row's splits) is done
   if (row >= rows) return;
 
   float m = -MLA_INF, wsum = 0.f;
@@ -105,8 +77,8 @@ __global__ void __launch_bounds__(kCombineRowThreads * kRows) combine_kernel(con
     for (int u = 0; u < kChunk; ++u) {
       const int s = base + u;
       if (s < num_splits) {
-        lse[u] = mla_load_l2(partial_lse + s * rows + row);
-        x[u] = mla_load_l2(reinterpret_cast<const float4*>(partial_out + (s * rows + row) * kHeadDimV) + t4);
+        lse[u] = partial_lse[s * rows + row];
+        x[u] = reinterpret_cast<const float4*>(partial_out + (s * rows + row) * kHeadDimV)[t4];
       } else {
         lse[u] = -MLA_INF;
         x[u] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -277,8 +249,7 @@ size_t workspace_bytes(const MlaDecodeParams& p, const SplitPlan& plan) {
   return static_cast<size_t>(plan.num_splits) * rows * (kHeadDimV + 1) * sizeof(float);
 }
 
-cudaError_t launch_decode(const MlaDecodeParams& p, const SplitPlan& plan, void* workspace, cudaStream_t stream,
-                          int32_t* combine_tickets) {
+cudaError_t launch_decode(const MlaDecodeParams& p, const SplitPlan& plan, void* workspace, cudaStream_t stream) {
   if (p.total_q == 0) return cudaSuccess;
   DecodeLaunch args;
   args.p = p;
@@ -287,10 +258,6 @@ cudaError_t launch_decode(const MlaDecodeParams& p, const SplitPlan& plan, void*
   args.q_per_item = (p.batch > 0 && p.total_q % p.batch == 0) ? p.total_q / p.batch : 0;
   args.stages = plan.stages;
   args.fp8_wgmma = plan.fp8_wgmma;
-  // Tickets only where the split kernel counts them (the mma.sync kernel)
-  // and a programmatic launch lets the combine start early (checked by the
-  // caller: NVIDIA sm_90+).
-  args.combine_tickets = (plan.num_splits > 1 && !plan.fp8_wgmma) ? combine_tickets : nullptr;
   args.partial_out = nullptr;
   args.partial_lse = nullptr;
   if (plan.num_splits > 1) {
@@ -321,10 +288,9 @@ cudaError_t launch_decode(const MlaDecodeParams& p, const SplitPlan& plan, void*
   // the launch gap between the two kernels. Also valid inside CUDA graphs.
   return launch_programmatic(combine, dim3(blocks), dim3(threads), 0, stream, p,
                              static_cast<const float*>(args.partial_out), static_cast<const float*>(args.partial_lse),
-                             static_cast<int>(plan.num_splits), args.combine_tickets);
+                             static_cast<int>(plan.num_splits));
 #else
-  combine<<<blocks, threads, 0, stream>>>(p, args.partial_out, args.partial_lse, plan.num_splits,
-                                          static_cast<int32_t*>(nullptr));
+  combine<<<blocks, threads, 0, stream>>>(p, args.partial_out, args.partial_lse, plan.num_splits);
   return cudaGetLastError();
 #endif
 }

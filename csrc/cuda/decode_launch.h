@@ -51,14 +51,9 @@ size_t workspace_bytes(const MlaDecodeParams& p, const SplitPlan& plan);
 
 // Launches the split-KV kernel and, when num_splits > 1, the combine kernel
 // on `stream`. `workspace` must hold workspace_bytes() (16-byte aligned).
-// `combine_tickets` (NVIDIA sm_90+ only, else nullptr): total_q * H int32
-// that are zero, owned by `stream` (no other stream's call uses them at the
-// same time); the call leaves them zero. With them the combine starts each
-// row as soon as its splits are stored (DecodeLaunch::combine_tickets).
-// Returns the first launch error (cudaSuccess otherwise); after an error the
-// tickets may be left non-zero and must not be used again.
+// Returns the first launch error (cudaSuccess otherwise).
 cudaError_t launch_decode(const MlaDecodeParams& p, const SplitPlan& plan, void* workspace,
-                          cudaStream_t stream, int32_t* combine_tickets = nullptr);
+                          cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace mla_decode

@@ -87,12 +87,6 @@ __device__ __forceinline__ uint32_t mla_pack_bf16x2(float lo, float hi) {
 // CDNA3/4: 64 KB of LDS per workgroup (gfx950 has 160 KB per CU, but a
 // workgroup may address 64 KB without opting in).
 constexpr int MLA_MAX_SMEM_BYTES = 64 * 1024;
-// A global load that is coherent with writes made during the kernel by other
-// kernels' CTAs (no read-only cache path): a plain load on AMD.
-template <typename T>
-__device__ __forceinline__ T mla_load_l2(const T* ptr) {
-  return *ptr;
-}
 
 #else  // CUDA
 
@@ -123,12 +117,6 @@ __device__ __forceinline__ uint32_t mla_pack_bf16x2(float lo, float hi) {
 #define MLA_HAS_CVT_E4M3 1
 #endif
 constexpr int MLA_MAX_SMEM_BYTES = 227 * 1024;  // sm_90 opt-in limit per block
-// A global load that is coherent with writes made during the kernel by other
-// kernels' CTAs: ld.global.cg (cached in L2 only, never the read-only path).
-template <typename T>
-__device__ __forceinline__ T mla_load_l2(const T* ptr) {
-  return __ldcg(ptr);
-}
 
 #endif  // MLA_PLATFORM_HIP
 

@@ -9,10 +9,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <cstring>
-#include <map>
-#include <mutex>
-#include <utility>
 
 #include "../cuda/decode_launch.h"
 #include "../mla_decode/portability.h"
@@ -56,55 +52,6 @@ cuda::DeviceLimits current_device_limits(int env_limit) {
   return dev;
 }
 
-#if !MLA_PLATFORM_HIP
-// The combine tickets of a split call (DecodeLaunch::combine_tickets): total_q
-// * H int32, zero when the call starts, left zero by it. One persistent buffer
-// per (device, stream), zeroed when allocated or grown (on that stream, so in
-// order before the kernels) and never again, so calls on two streams never
-// share counters. Not used while the stream is being captured into a CUDA
-// graph (a graph may be replayed on any stream, concurrently with eager calls
-// on the capture stream): those calls wait for the split grid instead. After
-// a failed launch the buffer may hold counts and is dropped. An undefined
-// tensor: no tickets.
-struct TicketBuffers {
-  std::mutex mutex;
-  std::map<std::pair<int, cudaStream_t>, at::Tensor> buffers;
-};
-TicketBuffers& ticket_buffers() {
-  static auto* buffers = new TicketBuffers();  // never freed: outlives the CUDA context at exit
-  return *buffers;
-}
-// EXPERIMENT (session 8): MLA_DECODE_EXP=0 turns the tickets off for an A/B.
-bool tickets_enabled_by_env() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("MLA_DECODE_EXP");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
-  return enabled;
-}
-at::Tensor combine_tickets(const at::Device& device, cudaStream_t stream, int64_t count) {
-  if (count <= 0 || !tickets_enabled_by_env()) return at::Tensor();
-  // No programmatic launch below sm_90: the combine starts after the split grid anyway.
-  if (at::cuda::getCurrentDeviceProperties()->major < 9) return at::Tensor();  // (device_guard: q's device)
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  MLA_CHECK(cudaStreamIsCapturing(stream, &status) == cudaSuccess,
-            "mla_decode: could not query the capture status of the current stream.");
-  if (status != cudaStreamCaptureStatusNone) return at::Tensor();
-  TicketBuffers& tb = ticket_buffers();
-  const std::lock_guard<std::mutex> lock(tb.mutex);
-  at::Tensor& buf = tb.buffers[{device.index(), stream}];
-  if (!buf.defined() || buf.numel() < count) {
-    buf = at::zeros({std::max<int64_t>(count, 4096)}, at::TensorOptions().dtype(at::kInt).device(device));
-  }
-  return buf;
-}
-void drop_combine_tickets(const at::Device& device, cudaStream_t stream) {
-  TicketBuffers& tb = ticket_buffers();
-  const std::lock_guard<std::mutex> lock(tb.mutex);
-  tb.buffers.erase({device.index(), stream});
-}
-#endif
-
 void decode_out_cuda(const at::Tensor& q, const at::Tensor& kv_cache, const c10::optional<at::Tensor>& kv_scale,
                      const at::Tensor& qo_indptr, const c10::optional<at::Tensor>& kv_indptr,
                      const c10::optional<at::Tensor>& kv_indices, const c10::optional<at::Tensor>& block_table,
@@ -125,19 +72,8 @@ void decode_out_cuda(const at::Tensor& q, const at::Tensor& kv_cache, const c10:
   const size_t ws_bytes = cuda::workspace_bytes(p, plan);
   at::Tensor workspace;
   if (ws_bytes > 0) workspace = at::empty({static_cast<int64_t>(ws_bytes)}, q.options().dtype(at::kByte));
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-#if !MLA_PLATFORM_HIP
-  const int64_t ticket_count = (plan.num_splits > 1 && !plan.fp8_wgmma) ? static_cast<int64_t>(p.total_q) * p.num_heads : 0;
-  const at::Tensor tickets = combine_tickets(q.device(), stream, ticket_count);
-  int32_t* const ticket_ptr = tickets.defined() ? tickets.data_ptr<int32_t>() : nullptr;
-#else
-  int32_t* const ticket_ptr = nullptr;
-#endif
-  const cudaError_t err = cuda::launch_decode(p, plan, ws_bytes > 0 ? workspace.data_ptr() : nullptr, stream,
-                                              ticket_ptr);
-#if !MLA_PLATFORM_HIP
-  if (err != cudaSuccess && ticket_ptr != nullptr) drop_combine_tickets(q.device(), stream);
-#endif
+  const cudaError_t err = cuda::launch_decode(p, plan, ws_bytes > 0 ? workspace.data_ptr() : nullptr,
+                                              at::cuda::getCurrentCUDAStream());
   MLA_CHECK(err == cudaSuccess, "mla_decode: the decode kernel failed to launch on ", q.device(), ": ",
               cudaGetErrorString(err), " (format ", format_name(p.format), ", ", p.total_q, " query tokens, ",
               p.num_heads, " heads, ", plan.num_splits, " splits).");
