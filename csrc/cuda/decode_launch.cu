@@ -137,10 +137,11 @@ int64_t estimated_kv_len(const MlaDecodeParams& p) {
 //   ctas_per_sm:   CTAs of the split kernel that fit on an SM (shared memory);
 //   tile_tokens:   keys per pipeline stage (the kernel's split granularity);
 //   one_wave_rule: the mma.sync kernel may take the one-CTA-per-SM wave below.
+//   rows_per_cta:  heads per CTA (kTileRows, or kWideRows for the wide kernel).
 SplitPlan plan_split_count(const MlaDecodeParams& p, int num_sms, int requested_splits, int ctas_per_sm,
-                           int tile_tokens, bool one_wave_rule) {
+                           int tile_tokens, bool one_wave_rule, int rows_per_cta = kTileRows) {
   SplitPlan plan;
-  plan.head_groups = (p.num_heads + kTileRows - 1) / kTileRows;
+  plan.head_groups = (p.num_heads + rows_per_cta - 1) / rows_per_cta;
   if (requested_splits > 0) {
     plan.num_splits = requested_splits;
     return plan;
@@ -195,6 +196,14 @@ SplitPlan plan_splits(const MlaDecodeParams& p, const DeviceLimits& device, int 
   // part has.
   return plan_split_count(p, device.num_sms, requested_splits, 2, kBlockN, false);
 #else
+  if (bf16_uses_wide_kernel(p, device.smem_per_block_optin)) {
+    // One CTA per SM (384 threads, ~225 KB of shared memory), 64-token stages,
+    // 64 heads per CTA.
+    SplitPlan plan = plan_split_count(p, device.num_sms, requested_splits, 1, kBlockNWgmma, false, kWideRows);
+    plan.bf16_wide = true;
+    plan.smem_bytes = bf16_wide_smem_bytes();
+    return plan;
+  }
   if (fp8_uses_wgmma(p)) {
     // One CTA per SM (8 warps, 212 KB of shared memory), 64-token stages.
     SplitPlan plan = plan_split_count(p, device.num_sms, requested_splits, 1, kBlockNWgmma, false);
@@ -258,6 +267,7 @@ cudaError_t launch_decode(const MlaDecodeParams& p, const SplitPlan& plan, void*
   args.q_per_item = (p.batch > 0 && p.total_q % p.batch == 0) ? p.total_q / p.batch : 0;
   args.stages = plan.stages;
   args.fp8_wgmma = plan.fp8_wgmma;
+  args.bf16_wide = plan.bf16_wide;
   args.partial_out = nullptr;
   args.partial_lse = nullptr;
   if (plan.num_splits > 1) {

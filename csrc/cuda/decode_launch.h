@@ -12,6 +12,9 @@ namespace cuda {
 
 // Geometry shared by the launcher and the kernels.
 constexpr int kTileRows = 16;  // query rows per CTA: 16 heads of one query token
+// Query rows per CTA of the Hopper bf16 wide kernel (sm90/decode_kernel_wide_sm90.cuh):
+// 64 heads of one query token, the M of its wgmma.
+constexpr int kWideRows = 64;
 
 // What the plan needs to know about the device; the dispatcher fills it from
 // the device properties (cached by PyTorch, so no driver call per decode).
@@ -22,7 +25,7 @@ struct DeviceLimits {
 };
 
 struct SplitPlan {
-  int32_t head_groups = 1;  // ceil(H / 16)
+  int32_t head_groups = 1;  // ceil(H / 16), or ceil(H / 64) on the wide kernel
   int32_t num_splits = 1;   // KV splits per (query token, head group)
   // NVIDIA mma.sync kernel: its cp.async ring depth, one of the two built per
   // format (decode_smem.h: the default, or bf16's deeper ring for grids of at
@@ -37,6 +40,9 @@ struct SplitPlan {
   // NVIDIA OCP fp8: the call runs on the Hopper wgmma kernel (fp8_uses_wgmma,
   // decided once here, so the plan and the launch cannot disagree).
   bool fp8_wgmma = false;
+  // NVIDIA bf16 with H >= 64 on Hopper: the call runs on the wide kernel
+  // (64 heads per CTA, wgmma; bf16_uses_wide_kernel).
+  bool bf16_wide = false;
 };
 
 // Chooses the kernel variant and the split count from shapes and `device`

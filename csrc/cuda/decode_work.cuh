@@ -16,7 +16,7 @@ __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; 
 
 struct WorkItem {
   int t;         // query token
-  int h0;        // first head of the group (kTileRows heads)
+  int h0;        // first head of the group (kRows heads: kTileRows, or kWideRows for the wide kernel)
   int split;     // KV split index
   int b;         // batch item owning token t
   bool orphan;   // no item owns t (inconsistent qo_indptr): the rows become NaN
@@ -26,26 +26,28 @@ struct WorkItem {
 
 // The query token, first head and KV split of this CTA: blockIdx alone (the
 // grid contract), so a kernel may use them before it reads any memory.
+// kRows: heads per CTA (the plan's head_groups = ceil(H / kRows)).
 struct CtaCoords {
   int t;
   int h0;
   int split;
 };
+template <int kRows = kTileRows>
 __device__ __forceinline__ CtaCoords cta_coords(const DecodeLaunch& args) {
   CtaCoords c;
   c.t = blockIdx.x / args.head_groups;
-  c.h0 = (blockIdx.x % args.head_groups) * kTileRows;
+  c.h0 = (blockIdx.x % args.head_groups) * kRows;
   c.split = blockIdx.y;
   return c;
 }
 
 // kChunkAlign: the split chunk is rounded up to a multiple of it (the kernel's
 // tokens per pipeline stage), so only a split's last stage is partial.
-template <int kChunkAlign>
+template <int kChunkAlign, int kRows = kTileRows>
 __device__ __forceinline__ WorkItem locate_work(const DecodeLaunch& args) {
   const MlaDecodeParams& p = args.p;
   WorkItem w;
-  const CtaCoords cta = cta_coords(args);
+  const CtaCoords cta = cta_coords<kRows>(args);
   w.t = cta.t;
   w.h0 = cta.h0;
   w.split = cta.split;

@@ -2,8 +2,9 @@
 // csrc/cuda/decode_launch.cu for a grid of shapes, formats, layouts, SM
 // counts and device shared-memory limits, one line per input, so two trees'
 // plans can be compared without a GPU (scripts/plan_compare.sh). The Hopper
-// wgmma kernel is stubbed out (as if MLA_DECODE_FP8_KERNEL were unset) and no
-// kernel is launched: only plan_splits runs.
+// fp8 wgmma kernel is stubbed out (as if MLA_DECODE_FP8_KERNEL were unset), so
+// is the bf16 wide kernel (as if MLA_DECODE_BF16_KERNEL=mma), and no kernel is
+// launched: only plan_splits runs.
 #include "cuda/decode_launch.cu"
 
 #include <cstdio>
@@ -12,6 +13,9 @@ namespace mla_decode {
 namespace cuda {
 bool fp8_uses_wgmma(const MlaDecodeParams&) { return false; }
 cudaError_t launch_fp8_wgmma(const DecodeLaunch&, cudaStream_t) { return cudaErrorNotSupported; }
+int bf16_wide_smem_bytes() { return 0; }
+bool bf16_uses_wide_kernel(const MlaDecodeParams&, int) { return false; }
+cudaError_t launch_bf16_wide(const DecodeLaunch&, cudaStream_t) { return cudaErrorNotSupported; }
 template <KvFormat F>
 cudaError_t launch_split_kernel(const DecodeLaunch&, cudaStream_t) { return cudaErrorNotSupported; }
 template cudaError_t launch_split_kernel<KvFormat::kBf16>(const DecodeLaunch&, cudaStream_t);

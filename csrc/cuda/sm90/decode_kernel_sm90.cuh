@@ -112,12 +112,6 @@ __device__ __forceinline__ float2 e4m3x2_to_f32x2(uint32_t codes) {
   return __half22float2(*reinterpret_cast<const __half2*>(&h));
 }
 
-// Keeps the compiler from moving reads or writes of a register that an
-// in-flight wgmma uses across this point (wgmma is asynchronous; the compiler
-// only sees the asm statement that issues it).
-__device__ __forceinline__ void pin(float& x) { asm volatile("" : "+f"(x)::"memory"); }
-__device__ __forceinline__ void pin(uint32_t& x) { asm volatile("" : "+r"(x)::"memory"); }
-
 // Barrier among the 128 threads of warpgroup `wg` (ids 1, 2; 0 is __syncthreads).
 __device__ __forceinline__ void warpgroup_barrier(int wg) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");

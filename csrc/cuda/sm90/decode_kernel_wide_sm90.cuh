@@ -1,0 +1,392 @@
+// Split-KV MLA decode for a bf16 cache on Hopper (sm_90a) with many heads
+// (H >= 64): the "wide" kernel. 64 heads of one query token share every K/V
+// tile, so each key is read and fed to the tensor cores once per 64 heads
+// (the mma.sync kernel reads it once per 16, from shared memory into
+// registers, for every head group). Both products run on wgmma with their
+// operands in shared memory.
+//
+// Grid and outputs: as every split kernel (decode_common.h), with head groups
+// of kWideRows = 64 heads: x = query token * head_groups + head group, y = KV
+// split; one split writes bf16 out and lse, several write fp32 partials for
+// combine_kernel.
+//
+// Block: 384 threads, three warpgroups with fixed roles; one CTA per SM
+// (shared memory).
+//   wg 0 (scores):   S = Q K^T for a 64-token tile (wgmma m64n64k16, 36
+//                    k-steps, Q and K both K-major in shared memory), the
+//                    online softmax in registers, P (bf16) and the per-row
+//                    rescale factor alpha to shared memory.
+//   wg 1, 2 (values): O = alpha O + P V for value dims [256 (wg - 1), +256)
+//                    (wgmma m64n256k16, 4 k-steps, P K-major, V N-major: the
+//                    same stored tile read transposed), and all the loads of
+//                    K/V tiles (cp.async, 16-byte chunks).
+// So tile t's scores (wg 0) run while tile t-1's values (wg 1, 2) run, and
+// the tensor cores see both.
+//
+// Shared memory (all operands 128-byte swizzled, see ptx_sm90.cuh):
+//   Q        64 heads x 576 dims, 9 column blocks of 64 dims (8 KB each)
+//   K/V ring kStages x (64 tokens x 576 dims), the same layout; rows past the
+//            split or with a bad index are zero-filled (PV multiplies every
+//            row by its P, so they must hold finite values)
+//   P        64 heads x 64 tokens bf16 (one column block), alpha[64]
+// 225 KB in all.
+//
+// Synchronisation: named barriers only (ids below), each used by one
+// producer / consumer pair in strict alternation, so no barrier can be
+// arrived at twice before it completes:
+//   kBarFull + slot  wg 1, 2 arrive once tile t has landed in `slot` (their
+//                    own copies waited for and fenced for the tensor cores);
+//                    wg 0 waits before its QK. Tile t+2 is issued into the
+//                    slot only after tile t's PV, which comes after wg 0's
+//                    P_FULL for tile t, which comes after its wait.
+//   kBarPFull        wg 0 arrives when P and alpha of tile t are stored;
+//                    wg 1, 2 wait before rescaling O and issuing PV.
+//   kBarPEmpty       wg 1, 2 arrive when tile t's PV is complete; wg 0 waits
+//                    before storing P of tile t+1.
+//   kBarValues       wg 1, 2 among themselves: both finished PV of tile t
+//                    before either refills its slot.
+//   kBarQ            wg 0 among itself: Q stored.
+//   kBarFinal        wg 0 arrives with the final (m, l) rows stored.
+#pragma once
+
+#include <math_constants.h>
+
+#include "../../mla_decode/addressing.h"
+#include "../../mla_decode/params.h"
+#include "../decode_common.h"
+#include "../decode_work.cuh"
+#include "../ptx_sm80.cuh"
+#include "ptx_sm90.cuh"
+
+namespace mla_decode {
+namespace cuda {
+namespace sm90 {
+namespace wide {
+
+constexpr int kThreads = 384;              // three warpgroups
+constexpr int kRows = kWideRows;           // 64 heads: the M of every wgmma
+constexpr int kTileTokens = kBlockNWgmma;  // 64 keys per stage: QK's N, PV's K
+constexpr int kStages = 2;
+constexpr int kColBlocks = kHeadDimQK / 64;          // 9 column blocks of 64 dims (128 bytes per row)
+constexpr int kBlockBytes = 64 * 128;                // one column block of 64 rows
+constexpr int kOperandBytes = kColBlocks * kBlockBytes;  // 73728: Q, or one K/V stage
+constexpr int kValueBlocksPerWg = kHeadDimV / 64 / 2;    // 4 column blocks (256 dims) per value warpgroup
+constexpr int kSwizzleGroupBytes = 8 * 128;              // SBO: 8 rows of 128 bytes
+constexpr int kLoaderThreads = 256;                      // wg 1, 2
+constexpr int kChunksPerLoader = kTileTokens * (kHeadDimQK / 8) / kLoaderThreads;  // 18 chunks of 16 bytes
+
+enum Barrier : int {
+  kBarFull = 1,  // + slot (kStages ids)
+  kBarPFull = kBarFull + kStages,
+  kBarPEmpty,
+  kBarValues,
+  kBarQ,
+  kBarFinal,
+};
+static_assert(kBarFinal <= 15, "16 named barriers");
+
+struct Smem {
+  static constexpr int kQ = 0;
+  static constexpr int kKv = kQ + kOperandBytes;
+  static constexpr int kP = kKv + kStages * kOperandBytes;  // 64 x 64 bf16: one column block
+  static constexpr int kAlpha = kP + kBlockBytes;           // [64] fp32
+  static constexpr int kFinalM = kAlpha + kRows * 4;        // [64] fp32
+  static constexpr int kFinalL = kFinalM + kRows * 4;       // [64] fp32
+  static constexpr int kFlags = kFinalL + kRows * 4;        // [kStages][8] u32: bad-row bits
+  static constexpr int kTotal = kFlags + kStages * 8 * 4;
+};
+static_assert(Smem::kKv % 1024 == 0 && Smem::kP % 1024 == 0, "swizzle atoms are 1024-byte aligned");
+
+// Byte offset of 16-byte chunk `chunk` (0..71) of row `row` in a 128-byte
+// swizzled operand of 64 rows (column block chunk / 8).
+__device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk) {
+  return (chunk >> 3) * kBlockBytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
+}
+
+__global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const DecodeLaunch args) {
+#if MLA_SM90A_DEVICE
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const MlaDecodeParams& p = args.p;
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const int warp = (tid / 32) % 4;  // within the warpgroup: accumulator rows 16 warp ..
+  const int lane = tid % 32;
+  const int g = lane >> 2;
+  const int c = lane & 3;
+
+  const uint32_t smem_base = smem_u32(smem);
+  const uint32_t q_smem = smem_base + Smem::kQ;
+  const uint32_t kv_smem = smem_base + Smem::kKv;
+  const uint32_t p_smem = smem_base + Smem::kP;
+  float* alpha_smem = reinterpret_cast<float*>(smem + Smem::kAlpha);
+  float* final_m = reinterpret_cast<float*>(smem + Smem::kFinalM);
+  float* final_l = reinterpret_cast<float*>(smem + Smem::kFinalL);
+  uint32_t* flags = reinterpret_cast<uint32_t*>(smem + Smem::kFlags);
+
+  const WorkItem work = locate_work<kTileTokens, kRows>(args);
+  const int kv_begin = work.kv_begin, kv_end = work.kv_end;
+  const int n_tiles = ceil_div(kv_end - kv_begin, kTileTokens);
+  const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
+  // Let the combine kernel (a programmatic dependent) start launching.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+
+  if (wg == 0) {
+    // ===================== scores and softmax ===============================
+    // Q: thread tid copies row tid / 2, chunks tid % 2 + 2m; heads past H
+    // (and every head of an orphan token) are zero.
+    {
+      const int row = tid >> 1, c2 = tid & 1;
+      const int head = work.h0 + row;
+      const bool valid = !work.orphan && head < p.num_heads;
+      const uint8_t* src = static_cast<const uint8_t*>(p.q) +
+                           2 * (static_cast<int64_t>(work.t) * p.q_stride_token +
+                                static_cast<int64_t>(valid ? head : 0) * p.q_stride_head) +
+                           16 * c2;
+#pragma unroll
+      for (int m = 0; m < kHeadDimQK / 8 / 2; ++m) {
+        cp_async_16(q_smem + swizzled_offset(row, c2 + 2 * m), src + 32 * m, valid ? 16 : 0);
+      }
+      cp_async_commit();
+      cp_async_wait<0>();
+      fence_proxy_async_shared();
+      bar_sync(kBarQ, 128);
+    }
+
+    // A thread holds accumulator rows r0 = 16 warp + g and r0 + 8, columns
+    // (tokens of the tile) 8i + 2c + e: s[4i + 2r + e].
+    const int r0 = 16 * warp + g;
+    const float scale_log2 = p.sm_scale * 1.4426950408889634f;
+    float m_run[2] = {-CUDART_INF_F, -CUDART_INF_F};
+    float l_run[2] = {0.f, 0.f};  // this thread's 16 columns; the quad's sum at the end
+    for (int t = 0; t < n_tiles; ++t) {
+      const int slot = t % kStages;
+      const uint32_t stage = kv_smem + slot * kOperandBytes;
+      bar_sync(kBarFull + slot, kThreads);  // tile t landed (and, at t = 0, nothing else pending)
+
+      float s[32];
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kHeadDimQK / 16; ++ks) {
+        const uint32_t off = (ks / 4) * kBlockBytes + (ks % 4) * 32;
+        const uint64_t desc_q = smem_desc_sw128(q_smem + off, 16, kSwizzleGroupBytes);
+        const uint64_t desc_k = smem_desc_sw128(stage + off, 16, kSwizzleGroupBytes);
+        if (ks == 0) {
+          wgmma_m64n64k16_bf16_ss<false>(s, desc_q, desc_k);
+        } else {
+          wgmma_m64n64k16_bf16_ss<true>(s, desc_q, desc_k);
+        }
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 32; ++i) pin(s[i]);
+
+      // Scores in the log2 domain; keys past the split are -inf, keys with a
+      // bad cache index NaN (the row's output becomes NaN).
+      const uint32_t* bad_words = flags + slot * 8;  // word i: tokens 8i..8i+7, bit 4 (token % 8)
+      const int tok0 = kv_begin + t * kTileTokens;
+      float mx[2] = {-CUDART_INF_F, -CUDART_INF_F};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const uint32_t bad = bad_words[i];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = 8 * i + 2 * c + e;
+          const bool past = tok0 + col >= kv_end;
+          const bool is_bad = (bad >> (4 * (2 * c + e))) & 1u;
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            float v = s[4 * i + 2 * r + e] * scale_log2;
+            v = past ? -CUDART_INF_F : (is_bad ? CUDART_NAN_F : v);
+            s[4 * i + 2 * r + e] = v;
+            mx[r] = fmaxf(mx[r], v);
+          }
+        }
+      }
+      float alpha[2], m_ref[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float m_new = fmaxf(m_run[r], mx[r]);
+        // -inf only while every key so far is masked: any finite reference
+        // then gives p = 0 and keeps O and l at 0.
+        m_ref[r] = m_new == -CUDART_INF_F ? 0.f : m_new;
+        alpha[r] = exp2f(m_run[r] - m_ref[r]);
+        m_run[r] = m_new;
+      }
+      uint32_t pk[16];  // bf16 pairs: pk[2i + r] = columns 8i + 2c, +1 of row r0 + 8r
+      float sum[2] = {0.f, 0.f};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float p0 = exp2f(s[4 * i + 2 * r] - m_ref[r]);
+          const float p1 = exp2f(s[4 * i + 2 * r + 1] - m_ref[r]);
+          sum[r] += p0 + p1;
+          pk[2 * i + r] = mla_pack_bf16x2(p0, p1);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * alpha[r] + sum[r];
+
+      if (t > 0) bar_sync(kBarPEmpty, kThreads);  // tile t-1's PV is done with P and alpha
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = r0 + 8 * r;
+          const uint32_t addr = p_smem + row * 128 + ((i ^ (row & 7)) << 4) + 4 * c;
+          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(pk[2 * i + r]) : "memory");
+        }
+      }
+      if (c == 0) {
+        alpha_smem[r0] = alpha[0];
+        alpha_smem[r0 + 8] = alpha[1];
+      }
+      fence_proxy_async_shared();
+      bar_arrive(kBarPFull, kThreads);
+    }
+
+    // Final statistics: the quad's partial sums, then (m, l) for wg 1, 2 and
+    // the LSE.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+      l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+      if (c == 0) {
+        const int row = r0 + 8 * r;
+        final_m[row] = m_run[r];
+        final_l[row] = l_run[r];
+        const int h = work.h0 + row;
+        if (h < p.num_heads) {
+          const float l = l_run[r];
+          float lse = l > 0.f ? (m_run[r] + __log2f(l)) * 0.6931471805599453f : -CUDART_INF_F;
+          if (isnan(l) || work.orphan) lse = CUDART_NAN_F;
+          if (args.num_splits == 1) {
+            p.lse[static_cast<int64_t>(work.t) * p.lse_stride_token + static_cast<int64_t>(h) * p.lse_stride_head] = lse;
+          } else {
+            const int64_t out_row = static_cast<int64_t>(work.t) * p.num_heads + h;
+            args.partial_lse[static_cast<int64_t>(work.split) * rows + out_row] = lse;
+          }
+        }
+      }
+    }
+    bar_arrive(kBarFinal, kThreads);
+    return;
+  }
+
+  // ===================== values and loads (wg 1, 2) ===========================
+  // Loader: thread lt copies token lt / 4 of a tile, chunks lt % 4 + 4m
+  // (m < 18): a warp reads 8 rows x 64 contiguous bytes per instruction.
+  const int lt = tid - 128;
+  const int ld_token = lt >> 2, ld_c4 = lt & 3;
+  const uint8_t* kv_base = static_cast<const uint8_t*>(p.kv);
+  const bool contiguous = p.layout == KvLayout::kIndptr;
+  const int64_t contiguous_base = (contiguous && !work.orphan) ? static_cast<int64_t>(__ldg(p.kv_indptr + work.b)) : 0;
+  const uint32_t ld_dst0 = kv_smem + ld_token * 128 + (((ld_c4) ^ (ld_token & 7)) << 4);
+  const uint32_t ld_dst1 = kv_smem + ld_token * 128 + (((ld_c4 + 4) ^ (ld_token & 7)) << 4);
+  auto issue_tile = [&](int tile) {
+    if (tile < n_tiles) {
+      const int slot = tile % kStages;
+      const int j = kv_begin + tile * kTileTokens + ld_token;
+      int64_t r = -2;  // past the split: zero-filled, masked by position
+      if (j < kv_end) {
+        r = contiguous ? contiguous_base + j : kv_row(p, work.b, j);
+        if (r < 0 || r >= p.num_cache_rows) r = -1;  // bad index: NaN score
+      }
+      const uint32_t bad = __ballot_sync(0xffffffffu, r == -1);
+      if (lane == 0) flags[slot * 8 + lt / 32] = bad;
+      const uint8_t* src = kv_base + (r >= 0 ? r : 0) * p.kv_row_stride_bytes + 16 * ld_c4;
+      const int src_bytes = r >= 0 ? 16 : 0;
+      const uint32_t slot_off = slot * kOperandBytes;
+#pragma unroll
+      for (int m = 0; m < kChunksPerLoader; ++m) {
+        cp_async_16(((m & 1) ? ld_dst1 : ld_dst0) + slot_off + (m >> 1) * kBlockBytes, src + 64 * m, src_bytes);
+      }
+    }
+    cp_async_commit();  // one group per tile, empty past the end
+  };
+  static_assert(kStages == 2, "the prologue below issues two tiles");
+  issue_tile(0);
+  issue_tile(1);
+  if (n_tiles > 0) {
+    cp_async_wait<1>();
+    fence_proxy_async_shared();
+    bar_arrive(kBarFull + 0, kThreads);
+  }
+
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  const int vwg = wg - 1;
+  const int r0 = 16 * warp + g;
+  const uint32_t v_off = vwg * kValueBlocksPerWg * kBlockBytes;
+  for (int t = 0; t < n_tiles; ++t) {
+    const int slot = t % kStages;
+    bar_sync(kBarPFull, kThreads);  // P and alpha of tile t stored
+    const float a0 = alpha_smem[r0], a1 = alpha_smem[r0 + 8];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      o[4 * i] *= a0;
+      o[4 * i + 1] *= a0;
+      o[4 * i + 2] *= a1;
+      o[4 * i + 3] *= a1;
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kTileTokens / 16; ++kk) {
+      const uint64_t desc_p = smem_desc_sw128(p_smem + 32 * kk, 16, kSwizzleGroupBytes);
+      const uint64_t desc_v = smem_desc_sw128(kv_smem + slot * kOperandBytes + v_off + kk * 16 * 128, kBlockBytes,
+                                              kSwizzleGroupBytes);
+      wgmma_m64n256k16_bf16_ss_tnspb<true>(o, desc_p, desc_v);
+    }
+    wgmma_commit();
+    if (t + 1 < n_tiles) {  // tile t+1 (issued one iteration ago) landed: hand it to wg 0
+      cp_async_wait<0>();
+      fence_proxy_async_shared();
+      bar_arrive(kBarFull + (t + 1) % kStages, kThreads);
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 128; ++i) pin(o[i]);
+    bar_sync(kBarValues, kLoaderThreads);  // both value warpgroups are done with tile t
+    if (t + 1 < n_tiles) bar_arrive(kBarPEmpty, kThreads);
+    issue_tile(t + 2);  // into tile t's slot
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue: O / l -------------------------------------------------------
+  bar_sync(kBarFinal, kThreads);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = r0 + 8 * r;
+    const int h = work.h0 + row;
+    if (h >= p.num_heads) continue;  // no shuffles below: skipping is safe
+    const float l = final_l[row];
+    float inv = l > 0.f ? 1.f / l : 0.f;
+    if (isnan(l) || work.orphan) inv = CUDART_NAN_F;
+    const int dim0 = 256 * vwg + 2 * c;  // + 8i
+    if (args.num_splits == 1) {
+      uint16_t* dst = static_cast<uint16_t*>(p.out) + static_cast<int64_t>(work.t) * p.out_stride_token +
+                      static_cast<int64_t>(h) * p.out_stride_head + dim0;
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        *reinterpret_cast<uint32_t*>(dst + 8 * i) = mla_pack_bf16x2(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
+      }
+    } else {
+      const int64_t out_row = static_cast<int64_t>(work.t) * p.num_heads + h;
+      float* dst = args.partial_out + (static_cast<int64_t>(work.split) * rows + out_row) * kHeadDimV + dim0;
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        *reinterpret_cast<float2*>(dst + 8 * i) = make_float2(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
+      }
+    }
+  }
+#endif  // MLA_SM90A_DEVICE
+}
+
+}  // namespace wide
+}  // namespace sm90
+}  // namespace cuda
+}  // namespace mla_decode
