@@ -65,8 +65,9 @@ cudaError_t launch_fp8_wgmma(const DecodeLaunch& args, cudaStream_t stream);
 // target, a compute capability 9.0 device whose per-block shared memory
 // holds its bf16_wide_smem_bytes(), 16-byte aligned cache and query rows,
 // and MLA_DECODE_BF16_KERNEL not "mma"), and its launcher. Its splits are
-// multiples of kBlockNWgmma tokens and its head groups kWideRows heads.
+// multiples of bf16_wide_tile_tokens() keys and its head groups kWideRows heads.
 int bf16_wide_smem_bytes();
+int bf16_wide_tile_tokens();
 bool bf16_uses_wide_kernel(const MlaDecodeParams& p, int smem_per_block_optin);
 cudaError_t launch_bf16_wide(const DecodeLaunch& args, cudaStream_t stream);
 

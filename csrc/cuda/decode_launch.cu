@@ -197,9 +197,9 @@ SplitPlan plan_splits(const MlaDecodeParams& p, const DeviceLimits& device, int 
   return plan_split_count(p, device.num_sms, requested_splits, 2, kBlockN, false);
 #else
   if (bf16_uses_wide_kernel(p, device.smem_per_block_optin)) {
-    // One CTA per SM (384 threads, ~225 KB of shared memory), 64-token stages,
-    // 64 heads per CTA.
-    SplitPlan plan = plan_split_count(p, device.num_sms, requested_splits, 1, kBlockNWgmma, false, kWideRows);
+    // One CTA per SM (384 threads, ~225 KB of shared memory), 64 heads per CTA.
+    SplitPlan plan =
+        plan_split_count(p, device.num_sms, requested_splits, 1, bf16_wide_tile_tokens(), false, kWideRows);
     plan.bf16_wide = true;
     plan.smem_bytes = bf16_wide_smem_bytes();
     return plan;

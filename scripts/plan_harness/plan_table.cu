@@ -14,6 +14,7 @@ namespace cuda {
 bool fp8_uses_wgmma(const MlaDecodeParams&) { return false; }
 cudaError_t launch_fp8_wgmma(const DecodeLaunch&, cudaStream_t) { return cudaErrorNotSupported; }
 int bf16_wide_smem_bytes() { return 0; }
+int bf16_wide_tile_tokens() { return 32; }
 bool bf16_uses_wide_kernel(const MlaDecodeParams&, int) { return false; }
 cudaError_t launch_bf16_wide(const DecodeLaunch&, cudaStream_t) { return cudaErrorNotSupported; }
 template <KvFormat F>

@@ -27,6 +27,29 @@ bool wide_selected_by_env() {
   return selected;
 }
 
+// MLA_DECODE_WIDE_TILE=64 runs the 64-key-tile variant (2 stages) instead of
+// the default 32-key tiles (4 stages). Read once per process.
+int wide_tile_from_env() {
+  static const int tile = [] {
+    const char* v = std::getenv("MLA_DECODE_WIDE_TILE");
+    return (v != nullptr && std::strcmp(v, "64") == 0) ? 64 : 32;
+  }();
+  return tile;
+}
+
+template <int kTileTokens>
+cudaError_t launch_wide(const DecodeLaunch& args, cudaStream_t stream) {
+  constexpr int kSmem = sm90::wide::Smem::kTotal;
+  static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
+  static unsigned long long configured_devices = 0;
+  const cudaError_t err =
+      opt_in_dynamic_smem(sm90::wide::decode_bf16_wide_kernel<kTileTokens>, kSmem, configured_devices);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(static_cast<unsigned>(args.p.total_q) * args.head_groups, args.num_splits);
+  sm90::wide::decode_bf16_wide_kernel<kTileTokens><<<grid, sm90::wide::kThreads, kSmem, stream>>>(args);
+  return cudaGetLastError();
+}
+
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 }  // namespace
@@ -50,15 +73,10 @@ bool bf16_uses_wide_kernel(const MlaDecodeParams& p, int smem_per_block_optin) {
 #endif
 }
 
+int bf16_wide_tile_tokens() { return wide_tile_from_env(); }
+
 cudaError_t launch_bf16_wide(const DecodeLaunch& args, cudaStream_t stream) {
-  constexpr int kSmem = sm90::wide::Smem::kTotal;
-  static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
-  static unsigned long long configured_devices = 0;
-  const cudaError_t err = opt_in_dynamic_smem(sm90::wide::decode_bf16_wide_kernel, kSmem, configured_devices);
-  if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>(args.p.total_q) * args.head_groups, args.num_splits);
-  sm90::wide::decode_bf16_wide_kernel<<<grid, sm90::wide::kThreads, kSmem, stream>>>(args);
-  return cudaGetLastError();
+  return wide_tile_from_env() == 64 ? launch_wide<64>(args, stream) : launch_wide<32>(args, stream);
 }
 
 }  // namespace cuda

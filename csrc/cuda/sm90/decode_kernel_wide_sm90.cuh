@@ -63,21 +63,37 @@ namespace cuda {
 namespace sm90 {
 namespace wide {
 
-constexpr int kThreads = 384;              // three warpgroups
-constexpr int kRows = kWideRows;           // 64 heads: the M of every wgmma
-constexpr int kTileTokens = kBlockNWgmma;  // 64 keys per stage: QK's N, PV's K
-constexpr int kStages = 2;
-constexpr int kColBlocks = kHeadDimQK / 64;          // 9 column blocks of 64 dims (128 bytes per row)
-constexpr int kBlockBytes = 64 * 128;                // one column block of 64 rows
-constexpr int kOperandBytes = kColBlocks * kBlockBytes;  // 73728: Q, or one K/V stage
-constexpr int kValueBlocksPerWg = kHeadDimV / 64 / 2;    // 4 column blocks (256 dims) per value warpgroup
-constexpr int kSwizzleGroupBytes = 8 * 128;              // SBO: 8 rows of 128 bytes
-constexpr int kLoaderThreads = 256;                      // wg 1, 2
-constexpr int kChunksPerLoader = kTileTokens * (kHeadDimQK / 8) / kLoaderThreads;  // 18 chunks of 16 bytes
+constexpr int kThreads = 384;     // three warpgroups
+constexpr int kRows = kWideRows;  // 64 heads: the M of every wgmma
+constexpr int kColBlocks = kHeadDimQK / 64;            // 9 column blocks of 64 dims (128 bytes per row)
+constexpr int kQBlockBytes = kRows * 128;              // one column block of Q
+constexpr int kQBytes = kColBlocks * kQBlockBytes;     // 73728
+constexpr int kRingBytes = 2 * 64 * kHeadDimQK * 2;    // 147456: two 64-token tiles, or four of 32
+constexpr int kValueBlocksPerWg = kHeadDimV / 64 / 2;  // 4 column blocks (256 dims) per value warpgroup
+constexpr int kSwizzleGroupBytes = 8 * 128;            // SBO: 8 rows of 128 bytes
+constexpr int kLoaderThreads = 256;                    // wg 1, 2
+
+// The key tile: kTileTokens (32 or 64) keys per stage, the N of QK and the K
+// of PV. The ring has the same bytes either way: 64-token tiles give QK its
+// best shape (m64n64: Q's shared-memory reads amortised over twice the keys)
+// but only 2 stages; 32-token tiles give 4 stages, so more loads are in
+// flight while the tensor cores work.
+template <int kTileTokens>
+struct Tile {
+  static_assert(kTileTokens == 32 || kTileTokens == 64, "tile of 32 or 64 keys");
+  static constexpr int kStages = kRingBytes / (kTileTokens * kHeadDimQK * 2);
+  static constexpr int kBlockBytes = kTileTokens * 128;          // one column block of a stage
+  static constexpr int kStageBytes = kColBlocks * kBlockBytes;
+  static constexpr int kLoadersPerToken = kLoaderThreads / kTileTokens;  // 4 or 8
+  static constexpr int kChunksPerLoader = (kHeadDimQK / 8) / kLoadersPerToken;  // 18 or 9
+  static constexpr int kTokensPerLoaderWarp = 32 / kLoadersPerToken;    // 8 or 4: one bad-row word each
+  static constexpr int kFlagWords = kTileTokens / kTokensPerLoaderWarp;  // 8 per stage
+  static constexpr int kAcc = kTileTokens / 2;                          // S accumulator registers
+};
 
 enum Barrier : int {
-  kBarFull = 1,  // + slot (kStages ids)
-  kBarPFull = kBarFull + kStages,
+  kBarFull = 1,  // + slot (at most 4 ids)
+  kBarPFull = kBarFull + 4,
   kBarPEmpty,
   kBarValues,
   kBarQ,
@@ -87,23 +103,26 @@ static_assert(kBarFinal <= 15, "16 named barriers");
 
 struct Smem {
   static constexpr int kQ = 0;
-  static constexpr int kKv = kQ + kOperandBytes;
-  static constexpr int kP = kKv + kStages * kOperandBytes;  // 64 x 64 bf16: one column block
-  static constexpr int kAlpha = kP + kBlockBytes;           // [64] fp32
-  static constexpr int kFinalM = kAlpha + kRows * 4;        // [64] fp32
-  static constexpr int kFinalL = kFinalM + kRows * 4;       // [64] fp32
-  static constexpr int kFlags = kFinalL + kRows * 4;        // [kStages][8] u32: bad-row bits
-  static constexpr int kTotal = kFlags + kStages * 8 * 4;
+  static constexpr int kKv = kQ + kQBytes;
+  static constexpr int kP = kKv + kRingBytes;          // 64 x 64 bf16: one column block (32-key tiles use half)
+  static constexpr int kAlpha = kP + kQBlockBytes;     // [64] fp32
+  static constexpr int kFinalM = kAlpha + kRows * 4;   // [64] fp32
+  static constexpr int kFinalL = kFinalM + kRows * 4;  // [64] fp32
+  static constexpr int kFlags = kFinalL + kRows * 4;   // [stages][8] u32: bad-row bits
+  static constexpr int kTotal = kFlags + 4 * 8 * 4;
 };
 static_assert(Smem::kKv % 1024 == 0 && Smem::kP % 1024 == 0, "swizzle atoms are 1024-byte aligned");
 
 // Byte offset of 16-byte chunk `chunk` (0..71) of row `row` in a 128-byte
-// swizzled operand of 64 rows (column block chunk / 8).
-__device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk) {
-  return (chunk >> 3) * kBlockBytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
+// swizzled operand whose column blocks (chunk / 8) are `block_bytes` apart.
+__device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk, int block_bytes) {
+  return (chunk >> 3) * block_bytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
 }
 
+template <int kTileTokens>
 __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const DecodeLaunch args) {
+  using TT = Tile<kTileTokens>;
+  constexpr int kStages = TT::kStages;
 #if MLA_SM90A_DEVICE
   extern __shared__ __align__(1024) uint8_t smem[];
   const MlaDecodeParams& p = args.p;
@@ -144,7 +163,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
                            16 * c2;
 #pragma unroll
       for (int m = 0; m < kHeadDimQK / 8 / 2; ++m) {
-        cp_async_16(q_smem + swizzled_offset(row, c2 + 2 * m), src + 32 * m, valid ? 16 : 0);
+        cp_async_16(q_smem + swizzled_offset(row, c2 + 2 * m, kQBlockBytes), src + 32 * m, valid ? 16 : 0);
       }
       cp_async_commit();
       cp_async_wait<0>();
@@ -153,47 +172,49 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
     }
 
     // A thread holds accumulator rows r0 = 16 warp + g and r0 + 8, columns
-    // (tokens of the tile) 8i + 2c + e: s[4i + 2r + e].
+    // (keys of the tile) 8i + 2c + e: s[4i + 2r + e].
     const int r0 = 16 * warp + g;
     const float scale_log2 = p.sm_scale * 1.4426950408889634f;
     float m_run[2] = {-CUDART_INF_F, -CUDART_INF_F};
     float l_run[2] = {0.f, 0.f};  // this thread's 16 columns; the quad's sum at the end
     for (int t = 0; t < n_tiles; ++t) {
       const int slot = t % kStages;
-      const uint32_t stage = kv_smem + slot * kOperandBytes;
+      const uint32_t stage = kv_smem + slot * TT::kStageBytes;
       bar_sync(kBarFull + slot, kThreads);  // tile t landed (and, at t = 0, nothing else pending)
 
-      float s[32];
+      float s[TT::kAcc];
       wgmma_fence();
 #pragma unroll
-      for (int ks = 0; ks < kHeadDimQK / 16; ++ks) {
-        const uint32_t off = (ks / 4) * kBlockBytes + (ks % 4) * 32;
-        const uint64_t desc_q = smem_desc_sw128(q_smem + off, 16, kSwizzleGroupBytes);
-        const uint64_t desc_k = smem_desc_sw128(stage + off, 16, kSwizzleGroupBytes);
-        if (ks == 0) {
-          wgmma_m64n64k16_bf16_ss<false>(s, desc_q, desc_k);
+      for (int ks = 0; ks < kHeadDimQK / 16; ++ks) {  // column block ks / 4, k-step ks % 4 in it
+        const uint64_t desc_q = smem_desc_sw128(q_smem + (ks / 4) * kQBlockBytes + (ks % 4) * 32, 16, kSwizzleGroupBytes);
+        const uint64_t desc_k = smem_desc_sw128(stage + (ks / 4) * TT::kBlockBytes + (ks % 4) * 32, 16, kSwizzleGroupBytes);
+        if constexpr (kTileTokens == 64) {
+          if (ks == 0) wgmma_m64n64k16_bf16_ss<false>(s, desc_q, desc_k);
+          else wgmma_m64n64k16_bf16_ss<true>(s, desc_q, desc_k);
         } else {
-          wgmma_m64n64k16_bf16_ss<true>(s, desc_q, desc_k);
+          if (ks == 0) wgmma_m64n32k16_bf16_ss<false>(s, desc_q, desc_k);
+          else wgmma_m64n32k16_bf16_ss<true>(s, desc_q, desc_k);
         }
       }
       wgmma_commit();
       wgmma_wait<0>();
 #pragma unroll
-      for (int i = 0; i < 32; ++i) pin(s[i]);
+      for (int i = 0; i < TT::kAcc; ++i) pin(s[i]);
 
       // Scores in the log2 domain; keys past the split are -inf, keys with a
       // bad cache index NaN (the row's output becomes NaN).
-      const uint32_t* bad_words = flags + slot * 8;  // word i: tokens 8i..8i+7, bit 4 (token % 8)
+      // Word w of the stage's flags: keys kTokensPerLoaderWarp w .., key k at bit kLoadersPerToken (k % ..).
+      const uint32_t* bad_words = flags + slot * 8;
       const int tok0 = kv_begin + t * kTileTokens;
       float mx[2] = {-CUDART_INF_F, -CUDART_INF_F};
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const uint32_t bad = bad_words[i];
+      for (int i = 0; i < kTileTokens / 8; ++i) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int col = 8 * i + 2 * c + e;
           const bool past = tok0 + col >= kv_end;
-          const bool is_bad = (bad >> (4 * (2 * c + e))) & 1u;
+          const uint32_t bad = bad_words[col / TT::kTokensPerLoaderWarp];
+          const bool is_bad = (bad >> (TT::kLoadersPerToken * (col % TT::kTokensPerLoaderWarp))) & 1u;
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             float v = s[4 * i + 2 * r + e] * scale_log2;
@@ -215,10 +236,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
         alpha[r] = exp2f(m_run[r] - m_ref[r]);
         m_run[r] = m_new;
       }
-      uint32_t pk[16];  // bf16 pairs: pk[2i + r] = columns 8i + 2c, +1 of row r0 + 8r
+      uint32_t pk[kTileTokens / 4];  // bf16 pairs: pk[2i + r] = columns 8i + 2c, +1 of row r0 + 8r
       float sum[2] = {0.f, 0.f};
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
+      for (int i = 0; i < kTileTokens / 8; ++i) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const float p0 = exp2f(s[4 * i + 2 * r] - m_ref[r]);
@@ -232,7 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
 
       if (t > 0) bar_sync(kBarPEmpty, kThreads);  // tile t-1's PV is done with P and alpha
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
+      for (int i = 0; i < kTileTokens / 8; ++i) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int row = r0 + 8 * r;
@@ -277,15 +298,16 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
   }
 
   // ===================== values and loads (wg 1, 2) ===========================
-  // Loader: thread lt copies token lt / 4 of a tile, chunks lt % 4 + 4m
-  // (m < 18): a warp reads 8 rows x 64 contiguous bytes per instruction.
+  // Loader: thread lt copies key lt / kLoadersPerToken of a tile, chunks
+  // lt % kLoadersPerToken + kLoadersPerToken m: a warp reads 8 rows x 64
+  // contiguous bytes (64-key tiles) or 4 rows x 128 bytes (32-key tiles) per
+  // instruction.
   const int lt = tid - 128;
-  const int ld_token = lt >> 2, ld_c4 = lt & 3;
+  const int ld_token = lt / TT::kLoadersPerToken, ld_c0 = lt % TT::kLoadersPerToken;
   const uint8_t* kv_base = static_cast<const uint8_t*>(p.kv);
   const bool contiguous = p.layout == KvLayout::kIndptr;
   const int64_t contiguous_base = (contiguous && !work.orphan) ? static_cast<int64_t>(__ldg(p.kv_indptr + work.b)) : 0;
-  const uint32_t ld_dst0 = kv_smem + ld_token * 128 + (((ld_c4) ^ (ld_token & 7)) << 4);
-  const uint32_t ld_dst1 = kv_smem + ld_token * 128 + (((ld_c4 + 4) ^ (ld_token & 7)) << 4);
+  const uint32_t ld_dst = kv_smem + ld_token * 128;
   auto issue_tile = [&](int tile) {
     if (tile < n_tiles) {
       const int slot = tile % kStages;
@@ -297,21 +319,24 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
       }
       const uint32_t bad = __ballot_sync(0xffffffffu, r == -1);
       if (lane == 0) flags[slot * 8 + lt / 32] = bad;
-      const uint8_t* src = kv_base + (r >= 0 ? r : 0) * p.kv_row_stride_bytes + 16 * ld_c4;
+      const uint8_t* src = kv_base + (r >= 0 ? r : 0) * p.kv_row_stride_bytes + 16 * ld_c0;
       const int src_bytes = r >= 0 ? 16 : 0;
-      const uint32_t slot_off = slot * kOperandBytes;
+      const uint32_t dst = ld_dst + slot * TT::kStageBytes;
 #pragma unroll
-      for (int m = 0; m < kChunksPerLoader; ++m) {
-        cp_async_16(((m & 1) ? ld_dst1 : ld_dst0) + slot_off + (m >> 1) * kBlockBytes, src + 64 * m, src_bytes);
+      for (int m = 0; m < TT::kChunksPerLoader; ++m) {
+        constexpr int kStep = TT::kLoadersPerToken;
+        const int within = (ld_c0 + ((kStep * m) & 7)) ^ (ld_token & 7);  // chunk % 8, swizzled
+        cp_async_16(dst + ((kStep * m) >> 3) * TT::kBlockBytes + (within << 4), src + 16 * kStep * m, src_bytes);
       }
     }
     cp_async_commit();  // one group per tile, empty past the end
   };
-  static_assert(kStages == 2, "the prologue below issues two tiles");
-  issue_tile(0);
-  issue_tile(1);
+  // Tiles 0 .. kStages-1 fill the ring; tile t + kStages is issued into tile
+  // t's slot once tile t's PV is done.
+#pragma unroll
+  for (int j = 0; j < kStages; ++j) issue_tile(j);
   if (n_tiles > 0) {
-    cp_async_wait<1>();
+    cp_async_wait<kStages - 1>();
     fence_proxy_async_shared();
     bar_arrive(kBarFull + 0, kThreads);
   }
@@ -321,7 +346,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
   const int vwg = wg - 1;
   const int r0 = 16 * warp + g;
-  const uint32_t v_off = vwg * kValueBlocksPerWg * kBlockBytes;
+  const int v_block0 = vwg * kValueBlocksPerWg;
   for (int t = 0; t < n_tiles; ++t) {
     const int slot = t % kStages;
     bar_sync(kBarPFull, kThreads);  // P and alpha of tile t stored
@@ -337,13 +362,13 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
 #pragma unroll
     for (int kk = 0; kk < kTileTokens / 16; ++kk) {
       const uint64_t desc_p = smem_desc_sw128(p_smem + 32 * kk, 16, kSwizzleGroupBytes);
-      const uint64_t desc_v = smem_desc_sw128(kv_smem + slot * kOperandBytes + v_off + kk * 16 * 128, kBlockBytes,
-                                              kSwizzleGroupBytes);
+      const uint64_t desc_v = smem_desc_sw128(kv_smem + slot * TT::kStageBytes + v_block0 * TT::kBlockBytes + kk * 16 * 128,
+                                              TT::kBlockBytes, kSwizzleGroupBytes);
       wgmma_m64n256k16_bf16_ss_tnspb<true>(o, desc_p, desc_v);
     }
     wgmma_commit();
-    if (t + 1 < n_tiles) {  // tile t+1 (issued one iteration ago) landed: hand it to wg 0
-      cp_async_wait<0>();
+    if (t + 1 < n_tiles) {  // tile t+1 landed (tiles up to t + kStages - 1 may be pending): hand it to wg 0
+      cp_async_wait<kStages - 2>();
       fence_proxy_async_shared();
       bar_arrive(kBarFull + (t + 1) % kStages, kThreads);
     }
@@ -352,7 +377,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
     for (int i = 0; i < 128; ++i) pin(o[i]);
     bar_sync(kBarValues, kLoaderThreads);  // both value warpgroups are done with tile t
     if (t + 1 < n_tiles) bar_arrive(kBarPEmpty, kThreads);
-    issue_tile(t + 2);  // into tile t's slot
+    issue_tile(t + kStages);  // into tile t's slot
   }
   cp_async_wait<0>();
 

@@ -127,9 +127,22 @@ __device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t smem_addr, uint32_t
          (static_cast<uint64_t>((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
 }
 
-// d (64 x 64 fp32) (+)= A (64 x 16 bf16, shared, K-major) * B (16 x 64 bf16, shared, K-major).
+// d (64 x N fp32) (+)= A (64 x 16 bf16, shared, K-major) * B (16 x N bf16, shared, K-major), N = 32, 64.
 // d (64 x 256 fp32) (+)= A (64 x 16 bf16, shared, K-major) * B (16 x 256 bf16, shared, N-major).
 // Accumulator layout as for e4m3: d[4i + 2r + e] = (row 16w + g + 8r, column 8i + 2c + e).
+template <bool kAccumulate>
+__device__ __forceinline__ void wgmma_m64n32k16_bf16_ss(float (&d)[16], uint64_t desc_a, uint64_t desc_b) {
+#if MLA_SM90A_DEVICE
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
+#endif
+}
 template <bool kAccumulate>
 __device__ __forceinline__ void wgmma_m64n64k16_bf16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
 #if MLA_SM90A_DEVICE
