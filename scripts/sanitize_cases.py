@@ -1,6 +1,6 @@
 """Small decode cases for compute-sanitizer (memcheck, racecheck): every
 format (or those named on the command line) and layout, forced splits, ragged
-lengths with 0, H = 16 and 128."""
+lengths with 0, H = 16, 64 and 128."""
 import os
 import sys
 
@@ -16,8 +16,10 @@ dev = torch.device("cuda")
 n = 0
 for fmt in sys.argv[1:] or FORMATS:
     for layout in LAYOUTS:
-        for heads, q_len, splits in ((16, 1, 0), (128, 2, 3)):
-            case = make_case(fmt, layout, heads, q_len, [70, 0, 33], seed=n, device=dev)
+        # (64, 1, 1): one CTA walks 5 key tiles of 64, so the wide kernel's ring wraps.
+        for heads, q_len, splits, lengths in ((16, 1, 0, [70, 0, 33]), (128, 2, 3, [70, 0, 33]),
+                                              (64, 1, 1, [300, 0, 33])):
+            case = make_case(fmt, layout, heads, q_len, lengths, seed=n, device=dev)
             out, lse = torch.ops.mla_decode.decode(*case.args(), splits)
             torch.cuda.synchronize()
             check_against_reference(case, out, lse)

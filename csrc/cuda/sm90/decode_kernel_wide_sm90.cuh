@@ -119,7 +119,11 @@ __device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk, int bloc
   return (chunk >> 3) * block_bytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
 }
 
-template <int kTileTokens>
+// kLean: descriptors stepped by constant adds, the score scale folded into
+// the exponent's FFMA, no masking work on full tiles without bad rows, and no
+// O rescale when a warp's rows kept their maximum (an A/B switch while it is
+// measured; MLA_DECODE_EXP).
+template <int kTileTokens, bool kLean>
 __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const DecodeLaunch args) {
   using TT = Tile<kTileTokens>;
   constexpr int kStages = TT::kStages;
@@ -184,10 +188,21 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
 
       float s[TT::kAcc];
       wgmma_fence();
+      // Descriptors of column block 0, k-step 0; k-step ks starts
+      // (ks / 4) block and (ks % 4) * 32 bytes on (a constant add to the
+      // start-address field, which cannot carry: addresses < 2^18).
+      const uint64_t desc_q0 = smem_desc_sw128(q_smem, 16, kSwizzleGroupBytes);
+      const uint64_t desc_k0 = smem_desc_sw128(stage, 16, kSwizzleGroupBytes);
 #pragma unroll
       for (int ks = 0; ks < kHeadDimQK / 16; ++ks) {  // column block ks / 4, k-step ks % 4 in it
-        const uint64_t desc_q = smem_desc_sw128(q_smem + (ks / 4) * kQBlockBytes + (ks % 4) * 32, 16, kSwizzleGroupBytes);
-        const uint64_t desc_k = smem_desc_sw128(stage + (ks / 4) * TT::kBlockBytes + (ks % 4) * 32, 16, kSwizzleGroupBytes);
+        uint64_t desc_q, desc_k;
+        if constexpr (kLean) {
+          desc_q = desc_q0 + (((ks / 4) * kQBlockBytes + (ks % 4) * 32) >> 4);
+          desc_k = desc_k0 + (((ks / 4) * TT::kBlockBytes + (ks % 4) * 32) >> 4);
+        } else {
+          desc_q = smem_desc_sw128(q_smem + (ks / 4) * kQBlockBytes + (ks % 4) * 32, 16, kSwizzleGroupBytes);
+          desc_k = smem_desc_sw128(stage + (ks / 4) * TT::kBlockBytes + (ks % 4) * 32, 16, kSwizzleGroupBytes);
+        }
         if constexpr (kTileTokens == 64) {
           if (ks == 0) wgmma_m64n64k16_bf16_ss<false>(s, desc_q, desc_k);
           else wgmma_m64n64k16_bf16_ss<true>(s, desc_q, desc_k);
@@ -201,28 +216,49 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
 #pragma unroll
       for (int i = 0; i < TT::kAcc; ++i) pin(s[i]);
 
-      // Scores in the log2 domain; keys past the split are -inf, keys with a
-      // bad cache index NaN (the row's output becomes NaN).
       // Word w of the stage's flags: keys kTokensPerLoaderWarp w .., key k at bit kLoadersPerToken (k % ..).
       const uint32_t* bad_words = flags + slot * 8;
       const int tok0 = kv_begin + t * kTileTokens;
       float mx[2] = {-CUDART_INF_F, -CUDART_INF_F};
+      // Lean: s stays raw (scaled inside the exponent below; the scale is
+      // positive, so the maximum is the same key), and a tile whose keys are
+      // all visible and none bad (the same for every thread) skips the masks.
+      bool clean = false;
+      if constexpr (kLean) {
+        uint32_t any_bad = 0;
 #pragma unroll
-      for (int i = 0; i < kTileTokens / 8; ++i) {
+        for (int w = 0; w < TT::kFlagWords; ++w) any_bad |= bad_words[w];
+        clean = tok0 + kTileTokens <= kv_end && any_bad == 0;
+      }
+      if (clean) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int col = 8 * i + 2 * c + e;
-          const bool past = tok0 + col >= kv_end;
-          const uint32_t bad = bad_words[col / TT::kTokensPerLoaderWarp];
-          const bool is_bad = (bad >> (TT::kLoadersPerToken * (col % TT::kTokensPerLoaderWarp))) & 1u;
+        for (int i = 0; i < TT::kAcc; i += 4) {
+          mx[0] = fmaxf(mx[0], fmaxf(s[i], s[i + 1]));
+          mx[1] = fmaxf(mx[1], fmaxf(s[i + 2], s[i + 3]));
+        }
+      } else {
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            float v = s[4 * i + 2 * r + e] * scale_log2;
-            v = past ? -CUDART_INF_F : (is_bad ? CUDART_NAN_F : v);
-            s[4 * i + 2 * r + e] = v;
-            mx[r] = fmaxf(mx[r], v);
+        for (int i = 0; i < kTileTokens / 8; ++i) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = 8 * i + 2 * c + e;
+            const bool past = tok0 + col >= kv_end;
+            const uint32_t bad = bad_words[col / TT::kTokensPerLoaderWarp];
+            const bool is_bad = (bad >> (TT::kLoadersPerToken * (col % TT::kTokensPerLoaderWarp))) & 1u;
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              float v = s[4 * i + 2 * r + e];
+              if constexpr (!kLean) v *= scale_log2;
+              v = past ? -CUDART_INF_F : (is_bad ? CUDART_NAN_F : v);
+              s[4 * i + 2 * r + e] = v;
+              mx[r] = fmaxf(mx[r], v);
+            }
           }
         }
+      }
+      if constexpr (kLean) {
+        mx[0] *= scale_log2;
+        mx[1] *= scale_log2;
       }
       float alpha[2], m_ref[2];
 #pragma unroll
@@ -242,8 +278,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
       for (int i = 0; i < kTileTokens / 8; ++i) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const float p0 = exp2f(s[4 * i + 2 * r] - m_ref[r]);
-          const float p1 = exp2f(s[4 * i + 2 * r + 1] - m_ref[r]);
+          float p0, p1;
+          if constexpr (kLean) {
+            p0 = exp2f(fmaf(s[4 * i + 2 * r], scale_log2, -m_ref[r]));
+            p1 = exp2f(fmaf(s[4 * i + 2 * r + 1], scale_log2, -m_ref[r]));
+          } else {
+            p0 = exp2f(s[4 * i + 2 * r] - m_ref[r]);
+            p1 = exp2f(s[4 * i + 2 * r + 1] - m_ref[r]);
+          }
           sum[r] += p0 + p1;
           pk[2 * i + r] = mla_pack_bf16x2(p0, p1);
         }
@@ -351,12 +393,16 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
     const int slot = t % kStages;
     bar_sync(kBarPFull, kThreads);  // P and alpha of tile t stored
     const float a0 = alpha_smem[r0], a1 = alpha_smem[r0 + 8];
+    // Lean: skipped when no row of the warp changed its maximum (alpha = 1),
+    // the usual case after the first tiles (a warp-uniform branch).
+    if (!kLean || __any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      o[4 * i] *= a0;
-      o[4 * i + 1] *= a0;
-      o[4 * i + 2] *= a1;
-      o[4 * i + 3] *= a1;
+      for (int i = 0; i < 32; ++i) {
+        o[4 * i] *= a0;
+        o[4 * i + 1] *= a0;
+        o[4 * i + 2] *= a1;
+        o[4 * i + 3] *= a1;
+      }
     }
     wgmma_fence();
 #pragma unroll
