@@ -25,10 +25,10 @@
 //
 // Shared memory (all operands 128-byte swizzled, see ptx_sm90.cuh):
 //   Q        64 heads x 576 dims, 9 column blocks of 64 dims (8 KB each)
-//   K/V ring kStages x (64 tokens x 576 dims), the same layout; rows past the
+//   K/V ring 2 x (64 keys x 576 dims) (or 4 x 32 keys), the same layout; rows past the
 //            split or with a bad index are zero-filled (PV multiplies every
 //            row by its P, so they must hold finite values)
-//   P        64 heads x 64 tokens bf16 (one column block), alpha[64]
+//   P        64 heads x 64 keys bf16 (one column block), alpha[2][64]
 // 225 KB in all.
 //
 // Synchronisation: named barriers only (ids below), each used by one
@@ -39,14 +39,19 @@
 //                    wg 0 waits before its QK. Tile t+2 is issued into the
 //                    slot only after tile t's PV, which comes after wg 0's
 //                    P_FULL for tile t, which comes after its wait.
-//   kBarPFull        wg 0 arrives when P and alpha of tile t are stored;
-//                    wg 1, 2 wait before rescaling O and issuing PV.
+//   kBarPFull        all three warpgroups wait: wg 0 once P and alpha of tile
+//                    t are stored, wg 1, 2 before rescaling O and issuing PV.
+//                    (A full barrier, not arrive / wait: wg 1, 2 reach it
+//                    early anyway, and compute-sanitizer's racecheck does
+//                    not model an arrive by the writer, run73. alpha is
+//                    double-buffered, so its next write is ordered after
+//                    this read by the next kBarPFull.)
 //   kBarPEmpty       wg 1, 2 arrive when tile t's PV is complete; wg 0 waits
 //                    before storing P of tile t+1.
 //   kBarValues       wg 1, 2 among themselves: both finished PV of tile t
 //                    before either refills its slot.
 //   kBarQ            wg 0 among itself: Q stored.
-//   kBarFinal        wg 0 arrives with the final (m, l) rows stored.
+//   kBarFinal        all wait; wg 0 has stored the final (m, l) rows.
 #pragma once
 
 #include <math_constants.h>
@@ -105,8 +110,8 @@ struct Smem {
   static constexpr int kQ = 0;
   static constexpr int kKv = kQ + kQBytes;
   static constexpr int kP = kKv + kRingBytes;          // 64 x 64 bf16: one column block (32-key tiles use half)
-  static constexpr int kAlpha = kP + kQBlockBytes;     // [64] fp32
-  static constexpr int kFinalM = kAlpha + kRows * 4;   // [64] fp32
+  static constexpr int kAlpha = kP + kQBlockBytes;     // [2][64] fp32: tile t's at [t % 2]
+  static constexpr int kFinalM = kAlpha + 2 * kRows * 4;  // [64] fp32
   static constexpr int kFinalL = kFinalM + kRows * 4;  // [64] fp32
   static constexpr int kFlags = kFinalL + kRows * 4;   // [stages][8] u32: bad-row bits
   static constexpr int kTotal = kFlags + 4 * 8 * 4;
@@ -304,11 +309,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
         }
       }
       if (c == 0) {
-        alpha_smem[r0] = alpha[0];
-        alpha_smem[r0 + 8] = alpha[1];
+        alpha_smem[(t & 1) * kRows + r0] = alpha[0];
+        alpha_smem[(t & 1) * kRows + r0 + 8] = alpha[1];
       }
       fence_proxy_async_shared();
-      bar_arrive(kBarPFull, kThreads);
+      bar_sync(kBarPFull, kThreads);
     }
 
     // Final statistics: the quad's partial sums, then (m, l) for wg 1, 2 and
@@ -335,7 +340,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
         }
       }
     }
-    bar_arrive(kBarFinal, kThreads);
+    bar_sync(kBarFinal, kThreads);
     return;
   }
 
@@ -392,7 +397,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
   for (int t = 0; t < n_tiles; ++t) {
     const int slot = t % kStages;
     bar_sync(kBarPFull, kThreads);  // P and alpha of tile t stored
-    const float a0 = alpha_smem[r0], a1 = alpha_smem[r0 + 8];
+    const float a0 = alpha_smem[(t & 1) * kRows + r0], a1 = alpha_smem[(t & 1) * kRows + r0 + 8];
     // Lean: skipped when no row of the warp changed its maximum (alpha = 1),
     // the usual case after the first tiles (a warp-uniform branch).
     if (!kLean || __any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
