@@ -197,9 +197,14 @@ SplitPlan plan_splits(const MlaDecodeParams& p, const DeviceLimits& device, int 
   return plan_split_count(p, device.num_sms, requested_splits, 2, kBlockN, false);
 #else
   if (bf16_uses_wide_kernel(p, device.smem_per_block_optin)) {
-    // One CTA per SM (384 threads, ~225 KB of shared memory), 64 heads per CTA.
+    // One CTA per SM (384 threads, ~225 KB of shared memory), 64 heads per CTA,
+    // and at least two key tiles per split: with one, each CTA loads its 72 KB
+    // of Q for one tile and writes 128 KB of partials. Measured on the H200
+    // (scripts/split_sweep.py --heads 128, run74): b4/kv1024 17.0 us with 8
+    // splits against 21.9 with the 16 of one tile each; b1/kv1024 15.0 against
+    // 14.6, the other sweep shapes already planned two or more.
     SplitPlan plan =
-        plan_split_count(p, device.num_sms, requested_splits, 1, bf16_wide_tile_tokens(), false, kWideRows);
+        plan_split_count(p, device.num_sms, requested_splits, 1, 2 * bf16_wide_tile_tokens(), false, kWideRows);
     plan.bf16_wide = true;
     plan.smem_bytes = bf16_wide_smem_bytes();
     return plan;

@@ -341,10 +341,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
       }
     }
     bar_sync(kBarFinal, kThreads);
-    return;
-  }
-
+  } else {
   // ===================== values and loads (wg 1, 2) ===========================
+  // (wg 0 does not return early: every warp stays to the end of the kernel.)
   // Loader: thread lt copies key lt / kLoadersPerToken of a tile, chunks
   // lt % kLoadersPerToken + kLoadersPerToken m: a warp reads 8 rows x 64
   // contiguous bytes (64-key tiles) or 4 rows x 128 bytes (32-key tiles) per
@@ -459,6 +458,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
       }
     }
   }
+  }  // wg 1, 2
 #endif  // MLA_SM90A_DEVICE
 }
 
