@@ -31,27 +31,22 @@
 //   P        64 heads x 64 keys bf16 (one column block), alpha[2][64]
 // 225 KB in all.
 //
-// Synchronisation: named barriers only (ids below), each used by one
-// producer / consumer pair in strict alternation, so no barrier can be
-// arrived at twice before it completes:
-//   kBarFull + slot  wg 1, 2 arrive once tile t has landed in `slot` (their
-//                    own copies waited for and fenced for the tensor cores);
-//                    wg 0 waits before its QK. Tile t+2 is issued into the
-//                    slot only after tile t's PV, which comes after wg 0's
-//                    P_FULL for tile t, which comes after its wait.
-//   kBarPFull        all three warpgroups wait: wg 0 once P and alpha of tile
-//                    t are stored, wg 1, 2 before rescaling O and issuing PV.
-//                    (A full barrier, not arrive / wait: wg 1, 2 reach it
-//                    early anyway, and compute-sanitizer's racecheck does
-//                    not model an arrive by the writer, run73. alpha is
-//                    double-buffered, so its next write is ordered after
-//                    this read by the next kBarPFull.)
-//   kBarPEmpty       wg 1, 2 arrive when tile t's PV is complete; wg 0 waits
-//                    before storing P of tile t+1.
-//   kBarValues       wg 1, 2 among themselves: both finished PV of tile t
-//                    before either refills its slot.
-//   kBarQ            wg 0 among itself: Q stored.
-//   kBarFinal        all wait; wg 0 has stored the final (m, l) rows.
+// Synchronisation. Between wg 0 and wg 1, 2: mbarriers (arrive with release,
+// wait with acquire; enum MBarrier), each completing one phase per tile, and
+// each waiter at most one phase behind by construction:
+//   full[slot]  wg 1, 2 arrive once tile t has landed in `slot` (their own
+//               copies waited for and fenced for the tensor cores); wg 0
+//               waits before its QK. Tile t+2 is issued into the slot only
+//               after tile t's PV, which waits for p_full of tile t, which wg 0
+//               arrives at after its wait.
+//   p_full      wg 0 arrives once P and alpha of tile t are stored (and fenced
+//               for the tensor cores); wg 1, 2 wait before rescaling O and
+//               issuing PV.
+//   p_empty     wg 1, 2 arrive when tile t's PV is complete; wg 0 waits
+//               before storing P of tile t+1 (alpha is double-buffered).
+//   final       wg 0 arrives with the final (m, l) rows stored.
+// Named barriers only among threads running the same code: kBarValues (wg 1
+// and 2 finished tile t's PV before either refills its slot) and kBarQ.
 #pragma once
 
 #include <math_constants.h>
@@ -96,15 +91,23 @@ struct Tile {
   static constexpr int kAcc = kTileTokens / 2;                          // S accumulator registers
 };
 
-enum Barrier : int {
-  kBarFull = 1,  // + slot (at most 4 ids)
-  kBarPFull = kBarFull + 4,
-  kBarPEmpty,
-  kBarValues,
-  kBarQ,
-  kBarFinal,
+// Named barriers: only among threads that run the same code (one warpgroup,
+// or wg 1 and 2). Hand-offs between wg 0 and wg 1, 2 go through mbarriers
+// (Smem::kBars), which compute-sanitizer's racecheck and synccheck model;
+// named barriers shared by warpgroups at different code locations were
+// reported by both (run73-run75) although the SASS orders every access.
+enum NamedBarrier : int {
+  kBarValues = 1,  // wg 1, 2: both finished PV of tile t before either refills its slot
+  kBarQ = 2,       // wg 0: Q stored
 };
-static_assert(kBarFinal <= 15, "16 named barriers");
+// mbarriers, in this order in Smem::kBars; arrivals per phase in brackets.
+enum MBarrier : int {
+  kMbFull = 0,          // + slot [256: wg 1, 2]: tile landed; one phase per use of the slot
+  kMbPFull = 4,         // [128: wg 0]: P and alpha of tile t stored; phase t
+  kMbPEmpty = 5,        // [256: wg 1, 2]: tile t's PV complete; phase t
+  kMbFinal = 6,         // [128: wg 0]: the final (m, l) rows stored
+  kMbCount = 7,
+};
 
 struct Smem {
   static constexpr int kQ = 0;
@@ -114,9 +117,11 @@ struct Smem {
   static constexpr int kFinalM = kAlpha + 2 * kRows * 4;  // [64] fp32
   static constexpr int kFinalL = kFinalM + kRows * 4;  // [64] fp32
   static constexpr int kFlags = kFinalL + kRows * 4;   // [stages][8] u32: bad-row bits
-  static constexpr int kTotal = kFlags + 4 * 8 * 4;
+  static constexpr int kBars = kFlags + 4 * 8 * 4;     // [kMbCount] mbarriers
+  static constexpr int kTotal = kBars + kMbCount * 8;
 };
 static_assert(Smem::kKv % 1024 == 0 && Smem::kP % 1024 == 0, "swizzle atoms are 1024-byte aligned");
+static_assert(Smem::kBars % 8 == 0, "mbarrier alignment");
 
 // Byte offset of 16-byte chunk `chunk` (0..71) of row `row` in a 128-byte
 // swizzled operand whose column blocks (chunk / 8) are `block_bytes` apart.
@@ -155,6 +160,15 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
   const int kv_begin = work.kv_begin, kv_end = work.kv_end;
   const int n_tiles = ceil_div(kv_end - kv_begin, kTileTokens);
   const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
+  const uint32_t bars = smem_base + Smem::kBars;
+  auto mbar = [&](int i) { return bars + 8 * i; };
+  if (tid == 0) {
+    for (int i = 0; i < 4; ++i) mbar_init(mbar(kMbFull + i), kLoaderThreads);
+    mbar_init(mbar(kMbPFull), 128);
+    mbar_init(mbar(kMbPEmpty), kLoaderThreads);
+    mbar_init(mbar(kMbFinal), 128);
+  }
+  __syncthreads();  // the mbarriers are set up (every thread, one code location)
   // Let the combine kernel (a programmatic dependent) start launching.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
@@ -189,7 +203,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
     for (int t = 0; t < n_tiles; ++t) {
       const int slot = t % kStages;
       const uint32_t stage = kv_smem + slot * TT::kStageBytes;
-      bar_sync(kBarFull + slot, kThreads);  // tile t landed (and, at t = 0, nothing else pending)
+      mbar_wait(mbar(kMbFull + slot), (t / kStages) & 1);  // tile t landed
 
       float s[TT::kAcc];
       wgmma_fence();
@@ -298,7 +312,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
 #pragma unroll
       for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * alpha[r] + sum[r];
 
-      if (t > 0) bar_sync(kBarPEmpty, kThreads);  // tile t-1's PV is done with P and alpha
+      if (t > 0) mbar_wait(mbar(kMbPEmpty), (t - 1) & 1);  // tile t-1's PV is done with P
 #pragma unroll
       for (int i = 0; i < kTileTokens / 8; ++i) {
 #pragma unroll
@@ -313,7 +327,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
         alpha_smem[(t & 1) * kRows + r0 + 8] = alpha[1];
       }
       fence_proxy_async_shared();
-      bar_sync(kBarPFull, kThreads);
+      mbar_arrive(mbar(kMbPFull));
     }
 
     // Final statistics: the quad's partial sums, then (m, l) for wg 1, 2 and
@@ -340,7 +354,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
         }
       }
     }
-    bar_sync(kBarFinal, kThreads);
+    mbar_arrive(mbar(kMbFinal));
   } else {
   // ===================== values and loads (wg 1, 2) ===========================
   // (wg 0 does not return early: every warp stays to the end of the kernel.)
@@ -384,7 +398,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
   if (n_tiles > 0) {
     cp_async_wait<kStages - 1>();
     fence_proxy_async_shared();
-    bar_arrive(kBarFull + 0, kThreads);
+    mbar_arrive(mbar(kMbFull + 0));
   }
 
   float o[128];
@@ -395,7 +409,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
   const int v_block0 = vwg * kValueBlocksPerWg;
   for (int t = 0; t < n_tiles; ++t) {
     const int slot = t % kStages;
-    bar_sync(kBarPFull, kThreads);  // P and alpha of tile t stored
+    mbar_wait(mbar(kMbPFull), t & 1);  // P and alpha of tile t stored
     const float a0 = alpha_smem[(t & 1) * kRows + r0], a1 = alpha_smem[(t & 1) * kRows + r0 + 8];
     // Lean: skipped when no row of the warp changed its maximum (alpha = 1),
     // the usual case after the first tiles (a warp-uniform branch).
@@ -420,19 +434,19 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
     if (t + 1 < n_tiles) {  // tile t+1 landed (tiles up to t + kStages - 1 may be pending): hand it to wg 0
       cp_async_wait<kStages - 2>();
       fence_proxy_async_shared();
-      bar_arrive(kBarFull + (t + 1) % kStages, kThreads);
+      mbar_arrive(mbar(kMbFull + (t + 1) % kStages));
     }
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 128; ++i) pin(o[i]);
     bar_sync(kBarValues, kLoaderThreads);  // both value warpgroups are done with tile t
-    if (t + 1 < n_tiles) bar_arrive(kBarPEmpty, kThreads);
+    if (t + 1 < n_tiles) mbar_arrive(mbar(kMbPEmpty));
     issue_tile(t + kStages);  // into tile t's slot
   }
   cp_async_wait<0>();
 
   // ---- epilogue: O / l -------------------------------------------------------
-  bar_sync(kBarFinal, kThreads);
+  mbar_wait(mbar(kMbFinal), 0);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = r0 + 8 * r;

@@ -201,6 +201,33 @@ __device__ __forceinline__ void wgmma_m64n256k16_bf16_ss_tnspb(float (&d)[128], 
 __device__ __forceinline__ void pin(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 __device__ __forceinline__ void pin(uint32_t& x) { asm volatile("" : "+r"(x)::"memory"); }
 
+// mbarrier (shared-memory barrier object, sm_90 form): one 8-byte word set
+// up with the number of arrivals that complete a phase; a waiter passes the
+// parity of the phase it waits for (0 for the first). Arrive has release and
+// the completed wait acquire semantics at CTA scope.
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t arrivals) {
+#if MLA_SM90A_DEVICE
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+#if MLA_SM90A_DEVICE
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+#if MLA_SM90A_DEVICE
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (done == 0);
+#endif
+}
+
 // Named barriers (ids 1..15; 0 is __syncthreads). `count` threads, a multiple
 // of 32, take part; bar_arrive does not wait. A thread's earlier shared-memory
 // writes are visible to the threads that complete the barrier with bar_sync.
