@@ -39,29 +39,26 @@ int wide_tile_from_env() {
   return tile;
 }
 
-// MLA_DECODE_EXP (A/B switches while they are measured; read once per
-// process): 0 runs the kernel without its lean steps, 2 with copy-completion
-// arrivals (kHwArrive).
-int wide_exp_from_env() {
-  static const int exp = [] {
+// MLA_DECODE_EXP=0 runs the kernel without its lean steps (an A/B switch
+// while they are measured). Read once per process.
+bool wide_lean_from_env() {
+  static const bool lean = [] {
     const char* v = std::getenv("MLA_DECODE_EXP");
-    if (v != nullptr && std::strcmp(v, "0") == 0) return 0;
-    if (v != nullptr && std::strcmp(v, "2") == 0) return 2;
-    return 1;
+    return !(v != nullptr && std::strcmp(v, "0") == 0);
   }();
-  return exp;
+  return lean;
 }
 
-template <int kTileTokens, bool kLean, bool kHwArrive = false>
+template <int kTileTokens, bool kLean>
 cudaError_t launch_wide(const DecodeLaunch& args, cudaStream_t stream) {
   constexpr int kSmem = sm90::wide::Smem::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
   static unsigned long long configured_devices = 0;
   const cudaError_t err =
-      opt_in_dynamic_smem(sm90::wide::decode_bf16_wide_kernel<kTileTokens, kLean, kHwArrive>, kSmem, configured_devices);
+      opt_in_dynamic_smem(sm90::wide::decode_bf16_wide_kernel<kTileTokens, kLean>, kSmem, configured_devices);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(args.p.total_q) * args.head_groups, args.num_splits);
-  sm90::wide::decode_bf16_wide_kernel<kTileTokens, kLean, kHwArrive><<<grid, sm90::wide::kThreads, kSmem, stream>>>(args);
+  sm90::wide::decode_bf16_wide_kernel<kTileTokens, kLean><<<grid, sm90::wide::kThreads, kSmem, stream>>>(args);
   return cudaGetLastError();
 }
 
@@ -92,11 +89,7 @@ int bf16_wide_tile_tokens() { return wide_tile_from_env(); }
 
 cudaError_t launch_bf16_wide(const DecodeLaunch& args, cudaStream_t stream) {
   if (wide_tile_from_env() == 32) return launch_wide<32, true>(args, stream);
-  switch (wide_exp_from_env()) {
-    case 0: return launch_wide<64, false>(args, stream);
-    case 2: return launch_wide<64, true, true>(args, stream);
-    default: return launch_wide<64, true>(args, stream);
-  }
+  return wide_lean_from_env() ? launch_wide<64, true>(args, stream) : launch_wide<64, false>(args, stream);
 }
 
 }  // namespace cuda

@@ -133,11 +133,7 @@ __device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk, int bloc
 // the exponent's FFMA, no masking work on full tiles without bad rows, and no
 // O rescale when a warp's rows kept their maximum (an A/B switch while it is
 // measured; MLA_DECODE_EXP).
-// kHwArrive: the loaders' copies arrive at full[slot] by themselves
-// (cp.async.mbarrier.arrive.noinc) and wg 0 fences for the tensor cores after
-// its wait, so no loader waits for its copies in the loop (an A/B switch
-// while it is measured; MLA_DECODE_EXP=2).
-template <int kTileTokens, bool kLean, bool kHwArrive>
+template <int kTileTokens, bool kLean>
 __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const DecodeLaunch args) {
   using TT = Tile<kTileTokens>;
   constexpr int kStages = TT::kStages;
@@ -167,9 +163,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
   const uint32_t bars = smem_base + Smem::kBars;
   auto mbar = [&](int i) { return bars + 8 * i; };
   if (tid == 0) {
-    // kHwArrive: 256 copy-completion arrivals plus one ordinary arrival of
-    // each loader warp's lane 0, which stores the bad-row flags.
-    for (int i = 0; i < 4; ++i) mbar_init(mbar(kMbFull + i), kHwArrive ? kLoaderThreads + 8 : kLoaderThreads);
+    for (int i = 0; i < 4; ++i) mbar_init(mbar(kMbFull + i), kLoaderThreads);
     mbar_init(mbar(kMbPFull), 128);
     mbar_init(mbar(kMbPEmpty), kLoaderThreads);
     mbar_init(mbar(kMbFinal), 128);
@@ -210,7 +204,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
       const int slot = t % kStages;
       const uint32_t stage = kv_smem + slot * TT::kStageBytes;
       mbar_wait(mbar(kMbFull + slot), (t / kStages) & 1);  // tile t landed
-      if constexpr (kHwArrive) fence_proxy_async_shared();
 
       float s[TT::kAcc];
       wgmma_fence();
@@ -395,10 +388,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
         const int within = (ld_c0 + ((kStep * m) & 7)) ^ (ld_token & 7);  // chunk % 8, swizzled
         cp_async_16(dst + ((kStep * m) >> 3) * TT::kBlockBytes + (within << 4), src + 16 * kStep * m, src_bytes);
       }
-      if constexpr (kHwArrive) {
-        mbar_arrive_on_cp_async(mbar(kMbFull + slot));
-        if (lane == 0) mbar_arrive(mbar(kMbFull + slot));  // the flags
-      }
     }
     cp_async_commit();  // one group per tile, empty past the end
   };
@@ -406,7 +395,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
   // t's slot once tile t's PV is done.
 #pragma unroll
   for (int j = 0; j < kStages; ++j) issue_tile(j);
-  if (!kHwArrive && n_tiles > 0) {
+  if (n_tiles > 0) {
     cp_async_wait<kStages - 1>();
     fence_proxy_async_shared();
     mbar_arrive(mbar(kMbFull + 0));
@@ -442,7 +431,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
       wgmma_m64n256k16_bf16_ss_tnspb<true>(o, desc_p, desc_v);
     }
     wgmma_commit();
-    if (!kHwArrive && t + 1 < n_tiles) {  // tile t+1 landed (tiles up to t + kStages - 1 may be pending): hand it to wg 0
+    if (t + 1 < n_tiles) {  // tile t+1 landed (tiles up to t + kStages - 1 may be pending): hand it to wg 0
       cp_async_wait<kStages - 2>();
       fence_proxy_async_shared();
       mbar_arrive(mbar(kMbFull + (t + 1) % kStages));

@@ -215,13 +215,6 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
 #endif
 }
-// One arrival, made by the hardware once every cp.async this thread has
-// issued so far has landed (.noinc: it counts against mbar_init's number).
-__device__ __forceinline__ void mbar_arrive_on_cp_async(uint32_t bar) {
-#if MLA_SM90A_DEVICE
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-#endif
-}
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 #if MLA_SM90A_DEVICE
   uint32_t done = 0;
