@@ -16,7 +16,7 @@ namespace {
 // MLA_DECODE_BF16_KERNEL=wide / =mma picks the kernel of bf16 calls with
 // H >= 64 (where the wide kernel applies); unset or anything else: the default
 // below. Read once per process.
-constexpr bool kWideByDefault = true;  // 2.8-3x the mma.sync kernel at H = 128 (docs/performance.md, run70-71)
+constexpr bool kWideByDefault = true;  // 1.9x the mma.sync kernel on the H = 128 sweep (docs/performance.md, run70-run76)
 bool wide_selected_by_env() {
   static const bool selected = [] {
     const char* v = std::getenv("MLA_DECODE_BF16_KERNEL");
@@ -27,38 +27,16 @@ bool wide_selected_by_env() {
   return selected;
 }
 
-// MLA_DECODE_WIDE_TILE=32 runs the 32-key-tile variant (4 stages) instead of
-// the default 64-key tiles (2 stages), which measured faster on the H200 at
-// every H = 128 sweep shape from B x kv = 8k keys up (run71: b256/kv8192 1391
-// against 1528 us). Read once per process.
-int wide_tile_from_env() {
-  static const int tile = [] {
-    const char* v = std::getenv("MLA_DECODE_WIDE_TILE");
-    return (v != nullptr && std::strcmp(v, "32") == 0) ? 32 : 64;
-  }();
-  return tile;
-}
-
-// MLA_DECODE_EXP=0 runs the kernel without its lean steps (an A/B switch
-// while they are measured). Read once per process.
-bool wide_lean_from_env() {
-  static const bool lean = [] {
-    const char* v = std::getenv("MLA_DECODE_EXP");
-    return !(v != nullptr && std::strcmp(v, "0") == 0);
-  }();
-  return lean;
-}
-
-template <int kTileTokens, bool kLean>
 cudaError_t launch_wide(const DecodeLaunch& args, cudaStream_t stream) {
+  constexpr int kTileTokens = sm90::wide::kTileTokensDefault;
   constexpr int kSmem = sm90::wide::Smem::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
   static unsigned long long configured_devices = 0;
   const cudaError_t err =
-      opt_in_dynamic_smem(sm90::wide::decode_bf16_wide_kernel<kTileTokens, kLean>, kSmem, configured_devices);
+      opt_in_dynamic_smem(sm90::wide::decode_bf16_wide_kernel<kTileTokens>, kSmem, configured_devices);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(args.p.total_q) * args.head_groups, args.num_splits);
-  sm90::wide::decode_bf16_wide_kernel<kTileTokens, kLean><<<grid, sm90::wide::kThreads, kSmem, stream>>>(args);
+  sm90::wide::decode_bf16_wide_kernel<kTileTokens><<<grid, sm90::wide::kThreads, kSmem, stream>>>(args);
   return cudaGetLastError();
 }
 
@@ -85,12 +63,9 @@ bool bf16_uses_wide_kernel(const MlaDecodeParams& p, int smem_per_block_optin) {
 #endif
 }
 
-int bf16_wide_tile_tokens() { return wide_tile_from_env(); }
+int bf16_wide_tile_tokens() { return sm90::wide::kTileTokensDefault; }
 
-cudaError_t launch_bf16_wide(const DecodeLaunch& args, cudaStream_t stream) {
-  if (wide_tile_from_env() == 32) return launch_wide<32, true>(args, stream);
-  return wide_lean_from_env() ? launch_wide<64, true>(args, stream) : launch_wide<64, false>(args, stream);
-}
+cudaError_t launch_bf16_wide(const DecodeLaunch& args, cudaStream_t stream) { return launch_wide(args, stream); }
 
 }  // namespace cuda
 }  // namespace mla_decode

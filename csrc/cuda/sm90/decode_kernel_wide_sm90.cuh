@@ -73,11 +73,13 @@ constexpr int kValueBlocksPerWg = kHeadDimV / 64 / 2;  // 4 column blocks (256 d
 constexpr int kSwizzleGroupBytes = 8 * 128;            // SBO: 8 rows of 128 bytes
 constexpr int kLoaderThreads = 256;                    // wg 1, 2
 
-// The key tile: kTileTokens (32 or 64) keys per stage, the N of QK and the K
-// of PV. The ring has the same bytes either way: 64-token tiles give QK its
-// best shape (m64n64: Q's shared-memory reads amortised over twice the keys)
-// but only 2 stages; 32-token tiles give 4 stages, so more loads are in
-// flight while the tensor cores work.
+// The key tile: kTileTokens keys per stage, the N of QK and the K of PV. The
+// ring has the same bytes either way: 64-key tiles give QK its best shape
+// (m64n64: Q's shared-memory reads amortised over twice the keys) but only 2
+// stages; 32-key tiles give 4 stages, so more loads are in flight. Measured
+// on the H200 (run71), 64 is faster at every H = 128 sweep shape from 8k keys
+// up (b256/kv8192 1391 against 1528 us), so only 64 is built (32 compiles).
+constexpr int kTileTokensDefault = 64;
 template <int kTileTokens>
 struct Tile {
   static_assert(kTileTokens == 32 || kTileTokens == 64, "tile of 32 or 64 keys");
@@ -129,11 +131,7 @@ __device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk, int bloc
   return (chunk >> 3) * block_bytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
 }
 
-// kLean: descriptors stepped by constant adds, the score scale folded into
-// the exponent's FFMA, no masking work on full tiles without bad rows, and no
-// O rescale when a warp's rows kept their maximum (an A/B switch while it is
-// measured; MLA_DECODE_EXP).
-template <int kTileTokens, bool kLean>
+template <int kTileTokens>
 __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const DecodeLaunch args) {
   using TT = Tile<kTileTokens>;
   constexpr int kStages = TT::kStages;
@@ -214,14 +212,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
       const uint64_t desc_k0 = smem_desc_sw128(stage, 16, kSwizzleGroupBytes);
 #pragma unroll
       for (int ks = 0; ks < kHeadDimQK / 16; ++ks) {  // column block ks / 4, k-step ks % 4 in it
-        uint64_t desc_q, desc_k;
-        if constexpr (kLean) {
-          desc_q = desc_q0 + (((ks / 4) * kQBlockBytes + (ks % 4) * 32) >> 4);
-          desc_k = desc_k0 + (((ks / 4) * TT::kBlockBytes + (ks % 4) * 32) >> 4);
-        } else {
-          desc_q = smem_desc_sw128(q_smem + (ks / 4) * kQBlockBytes + (ks % 4) * 32, 16, kSwizzleGroupBytes);
-          desc_k = smem_desc_sw128(stage + (ks / 4) * TT::kBlockBytes + (ks % 4) * 32, 16, kSwizzleGroupBytes);
-        }
+        // (Computing each descriptor from its address instead took ~11
+        // instructions per wgmma, run73.)
+        const uint64_t desc_q = desc_q0 + (((ks / 4) * kQBlockBytes + (ks % 4) * 32) >> 4);
+        const uint64_t desc_k = desc_k0 + (((ks / 4) * TT::kBlockBytes + (ks % 4) * 32) >> 4);
         if constexpr (kTileTokens == 64) {
           if (ks == 0) wgmma_m64n64k16_bf16_ss<false>(s, desc_q, desc_k);
           else wgmma_m64n64k16_bf16_ss<true>(s, desc_q, desc_k);
@@ -239,16 +233,13 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
       const uint32_t* bad_words = flags + slot * 8;
       const int tok0 = kv_begin + t * kTileTokens;
       float mx[2] = {-CUDART_INF_F, -CUDART_INF_F};
-      // Lean: s stays raw (scaled inside the exponent below; the scale is
-      // positive, so the maximum is the same key), and a tile whose keys are
-      // all visible and none bad (the same for every thread) skips the masks.
-      bool clean = false;
-      if constexpr (kLean) {
-        uint32_t any_bad = 0;
+      // s stays raw (scaled inside the exponent below; the scale is positive,
+      // so the maximum is the same key), and a tile whose keys are all
+      // visible and none bad (the same for every thread) skips the masks.
+      uint32_t any_bad = 0;
 #pragma unroll
-        for (int w = 0; w < TT::kFlagWords; ++w) any_bad |= bad_words[w];
-        clean = tok0 + kTileTokens <= kv_end && any_bad == 0;
-      }
+      for (int w = 0; w < TT::kFlagWords; ++w) any_bad |= bad_words[w];
+      const bool clean = tok0 + kTileTokens <= kv_end && any_bad == 0;
       if (clean) {
 #pragma unroll
         for (int i = 0; i < TT::kAcc; i += 4) {
@@ -267,7 +258,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
               float v = s[4 * i + 2 * r + e];
-              if constexpr (!kLean) v *= scale_log2;
               v = past ? -CUDART_INF_F : (is_bad ? CUDART_NAN_F : v);
               s[4 * i + 2 * r + e] = v;
               mx[r] = fmaxf(mx[r], v);
@@ -275,10 +265,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
           }
         }
       }
-      if constexpr (kLean) {
-        mx[0] *= scale_log2;
-        mx[1] *= scale_log2;
-      }
+      mx[0] *= scale_log2;
+      mx[1] *= scale_log2;
       float alpha[2], m_ref[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -297,14 +285,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
       for (int i = 0; i < kTileTokens / 8; ++i) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          float p0, p1;
-          if constexpr (kLean) {
-            p0 = exp2f(fmaf(s[4 * i + 2 * r], scale_log2, -m_ref[r]));
-            p1 = exp2f(fmaf(s[4 * i + 2 * r + 1], scale_log2, -m_ref[r]));
-          } else {
-            p0 = exp2f(s[4 * i + 2 * r] - m_ref[r]);
-            p1 = exp2f(s[4 * i + 2 * r + 1] - m_ref[r]);
-          }
+          const float p0 = exp2f(fmaf(s[4 * i + 2 * r], scale_log2, -m_ref[r]));
+          const float p1 = exp2f(fmaf(s[4 * i + 2 * r + 1], scale_log2, -m_ref[r]));
           sum[r] += p0 + p1;
           pk[2 * i + r] = mla_pack_bf16x2(p0, p1);
         }
@@ -411,9 +393,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
     const int slot = t % kStages;
     mbar_wait(mbar(kMbPFull), t & 1);  // P and alpha of tile t stored
     const float a0 = alpha_smem[(t & 1) * kRows + r0], a1 = alpha_smem[(t & 1) * kRows + r0 + 8];
-    // Lean: skipped when no row of the warp changed its maximum (alpha = 1),
-    // the usual case after the first tiles (a warp-uniform branch).
-    if (!kLean || __any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
+    // Skipped when no row of the warp changed its maximum (alpha = 1), the
+    // usual case after the first tiles (a warp-uniform branch).
+    if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
         o[4 * i] *= a0;
