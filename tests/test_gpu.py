@@ -206,33 +206,36 @@ def _run_script_in_child(body, **env_vars):
 def test_fp8_suite_on_the_hopper_wgmma_kernel():
     """The opt-in Hopper fp8 kernel (MLA_DECODE_FP8_KERNEL=wgmma, read once per process):
     every fp8 test of this file again, in a child process that selects it."""
-    _run_this_file_in_child("(fp8 or odd_head) and not fnuz and not hopper", MLA_DECODE_FP8_KERNEL="wgmma")
+    _run_this_file_in_child("(fp8 or odd_head) and not fnuz and not hopper and not many_heads", MLA_DECODE_FP8_KERNEL="wgmma")
 
 
-# The Hopper bf16 wide kernel (64 heads per CTA on wgmma) takes bf16 calls of H >= 64 by default
-# on an H100/H200 build with 9.0a; these cases aim at its edges: head groups with unused rows
-# (H = 100), forced split counts including empty splits, keys past one 64-token tile and bad
+# The Hopper wide kernel (64 heads per CTA on wgmma) takes bf16 and OCP fp8 calls of H >= 64 by
+# default on an H100/H200 build with 9.0a; these cases aim at its edges: head groups with unused
+# rows (H = 100), forced split counts including empty splits, keys past one 64-key tile and bad
 # indices. The matrix above covers H = 64 and 128 for every layout and q_len.
+@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
 @pytest.mark.parametrize("num_heads", [64, 100, 128])
 @pytest.mark.parametrize("num_splits", [0, 1, 3, 64])
-def test_wide_heads_bf16(num_heads, num_splits):
-    case = make_case("bf16", "indptr", num_heads, 1, [1000, 5, 0, 64, 129], seed=num_heads + num_splits, device=DEV)
+def test_wide_heads(fmt, num_heads, num_splits):
+    case = make_case(fmt, "indptr", num_heads, 1, [1000, 5, 0, 64, 129], seed=num_heads + num_splits, device=DEV)
     out = torch.full((case.q.shape[0], num_heads, 512), float("nan"), dtype=torch.bfloat16, device=DEV)
     lse = torch.full((case.q.shape[0], num_heads), float("nan"), dtype=torch.float32, device=DEV)
     torch.ops.mla_decode.decode_out(*case.args(), num_splits, out, lse)
     check_against_reference(case, out, lse)
 
 
+@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
 @pytest.mark.parametrize("layout", ["indices", "paged"])
-def test_wide_heads_bf16_long_and_causal(layout):
-    case = make_case("bf16", layout, 128, 3, [4100, 70], seed=91, device=DEV, page_size=64)
+def test_wide_heads_long_and_causal(fmt, layout):
+    case = make_case(fmt, layout, 128, 3, [4100, 70], seed=91, device=DEV, page_size=64)
     out, lse = torch.ops.mla_decode.decode(*case.args(), 0)
     check_against_reference(case, out, lse)
 
 
-def test_wide_heads_bad_index_gives_nan():
-    case = make_case("bf16", "indices", 128, 1, [150, 20], seed=9, device=DEV)
-    case.kv_indices[70] = 10**9  # outside the cache, in the second 64-token tile
+@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+def test_wide_heads_bad_index_gives_nan(fmt):
+    case = make_case(fmt, "indices", 128, 1, [150, 20], seed=9, device=DEV)
+    case.kv_indices[70] = 10**9  # outside the cache, in the second 64-key tile
     for num_splits in [0, 1, 2]:
         out, lse = torch.ops.mla_decode.decode(*case.args(), num_splits)
         torch.cuda.synchronize()
@@ -245,6 +248,12 @@ def test_bf16_many_heads_on_the_mma_sync_kernel():
     """MLA_DECODE_BF16_KERNEL=mma (read once per process) keeps H >= 64 bf16 calls on the
     mma.sync kernel: its bf16 tests of this file again, in a child process that selects it."""
     _run_this_file_in_child("bf16 and (matrix or wide_heads)", MLA_DECODE_BF16_KERNEL="mma")
+
+
+@pytest.mark.skipif(not _hopper_kernel_built(), reason="needs an H100/H200 and a build with TORCH_CUDA_ARCH_LIST 9.0a")
+def test_fp8_many_heads_on_the_mma_sync_kernel():
+    """MLA_DECODE_FP8_KERNEL=mma keeps H >= 64 OCP fp8 calls on the mma.sync kernel."""
+    _run_this_file_in_child("fp8 and not fnuz and (matrix or wide_heads)", MLA_DECODE_FP8_KERNEL="mma")
 
 
 def _nvidia_gpu():

@@ -47,7 +47,7 @@ struct DecodeLaunch {
                        // token -> item lookup, checked on the device), else 0
   int32_t stages;      // SplitPlan::stages (host-side kernel choice)
   bool fp8_wgmma;      // SplitPlan::fp8_wgmma (host-side kernel choice)
-  bool bf16_wide;      // SplitPlan::bf16_wide (host-side kernel choice)
+  bool wide;           // SplitPlan::wide (host-side kernel choice)
 };
 
 constexpr int kBlockNWgmma = 64;  // tokens per stage of the Hopper fp8 kernel (below)
@@ -60,16 +60,17 @@ constexpr int kBlockNWgmma = 64;  // tokens per stage of the Hopper fp8 kernel (
 bool fp8_uses_wgmma(const MlaDecodeParams& p);
 cudaError_t launch_fp8_wgmma(const DecodeLaunch& args, cudaStream_t stream);
 
-// Hopper (sm90/decode_bf16_wide_sm90.cu): whether a bf16 call runs on the
-// wide kernel (64 heads per CTA on wgmma: H >= 64, built with an sm_90a
+// Hopper (sm90/decode_wide_sm90.cu): whether a bf16 or OCP fp8 call runs on
+// the wide kernel (64 heads per CTA on wgmma: H >= 64, built with an sm_90a
 // target, a compute capability 9.0 device whose per-block shared memory
-// holds its bf16_wide_smem_bytes(), 16-byte aligned cache and query rows,
-// and MLA_DECODE_BF16_KERNEL not "mma"), and its launcher. Its splits are
-// multiples of bf16_wide_tile_tokens() keys and its head groups kWideRows heads.
-int bf16_wide_smem_bytes();
-int bf16_wide_tile_tokens();
-bool bf16_uses_wide_kernel(const MlaDecodeParams& p, int smem_per_block_optin);
-cudaError_t launch_bf16_wide(const DecodeLaunch& args, cudaStream_t stream);
+// holds its wide_smem_bytes(), 16-byte aligned cache and query rows, and
+// MLA_DECODE_BF16_KERNEL / MLA_DECODE_FP8_KERNEL not "mma"), and its
+// launcher. Its splits are multiples of wide_tile_tokens() keys and its head
+// groups kWideRows heads.
+int wide_smem_bytes();
+int wide_tile_tokens();
+bool wide_kernel_applies(const MlaDecodeParams& p, int smem_per_block_optin);
+cudaError_t launch_wide(const DecodeLaunch& args, cudaStream_t stream);
 
 // The compute capability of `dev` as 10 * major + minor in `cc`, queried once
 // per device and cached.

@@ -196,7 +196,13 @@ SplitPlan plan_splits(const MlaDecodeParams& p, const DeviceLimits& device, int 
   // part has.
   return plan_split_count(p, device.num_sms, requested_splits, 2, kBlockN, false);
 #else
-  if (bf16_uses_wide_kernel(p, device.smem_per_block_optin)) {
+  if (fp8_uses_wgmma(p)) {
+    // One CTA per SM (8 warps, 212 KB of shared memory), 64-token stages.
+    SplitPlan plan = plan_split_count(p, device.num_sms, requested_splits, 1, kBlockNWgmma, false);
+    plan.fp8_wgmma = true;
+    return plan;
+  }
+  if (wide_kernel_applies(p, device.smem_per_block_optin)) {
     // One CTA per SM (384 threads, ~225 KB of shared memory), 64 heads per CTA,
     // and at least two key tiles per split: with one, each CTA loads its 72 KB
     // of Q for one tile and writes 128 KB of partials. Measured on the H200
@@ -204,15 +210,9 @@ SplitPlan plan_splits(const MlaDecodeParams& p, const DeviceLimits& device, int 
     // splits against 21.9 with the 16 of one tile each; b1/kv1024 15.0 against
     // 14.6, the other sweep shapes already planned two or more.
     SplitPlan plan =
-        plan_split_count(p, device.num_sms, requested_splits, 1, 2 * bf16_wide_tile_tokens(), false, kWideRows);
-    plan.bf16_wide = true;
-    plan.smem_bytes = bf16_wide_smem_bytes();
-    return plan;
-  }
-  if (fp8_uses_wgmma(p)) {
-    // One CTA per SM (8 warps, 212 KB of shared memory), 64-token stages.
-    SplitPlan plan = plan_split_count(p, device.num_sms, requested_splits, 1, kBlockNWgmma, false);
-    plan.fp8_wgmma = true;
+        plan_split_count(p, device.num_sms, requested_splits, 1, 2 * wide_tile_tokens(), false, kWideRows);
+    plan.wide = true;
+    plan.smem_bytes = wide_smem_bytes();
     return plan;
   }
   // The mma.sync kernel. Its default ring where the device allows it, else
@@ -272,7 +272,7 @@ cudaError_t launch_decode(const MlaDecodeParams& p, const SplitPlan& plan, void*
   args.q_per_item = (p.batch > 0 && p.total_q % p.batch == 0) ? p.total_q / p.batch : 0;
   args.stages = plan.stages;
   args.fp8_wgmma = plan.fp8_wgmma;
-  args.bf16_wide = plan.bf16_wide;
+  args.wide = plan.wide;
   args.partial_out = nullptr;
   args.partial_lse = nullptr;
   if (plan.num_splits > 1) {

@@ -12,7 +12,7 @@ namespace cuda {
 
 // Geometry shared by the launcher and the kernels.
 constexpr int kTileRows = 16;  // query rows per CTA: 16 heads of one query token
-// Query rows per CTA of the Hopper bf16 wide kernel (sm90/decode_kernel_wide_sm90.cuh):
+// Query rows per CTA of the Hopper wide kernel (sm90/decode_kernel_wide_sm90.cuh):
 // 64 heads of one query token, the M of its wgmma.
 constexpr int kWideRows = 64;
 
@@ -40,9 +40,9 @@ struct SplitPlan {
   // NVIDIA OCP fp8: the call runs on the Hopper wgmma kernel (fp8_uses_wgmma,
   // decided once here, so the plan and the launch cannot disagree).
   bool fp8_wgmma = false;
-  // NVIDIA bf16 with H >= 64 on Hopper: the call runs on the wide kernel
-  // (64 heads per CTA, wgmma; bf16_uses_wide_kernel).
-  bool bf16_wide = false;
+  // NVIDIA bf16 / OCP fp8 with H >= 64 on Hopper: the call runs on the wide
+  // kernel (64 heads per CTA, wgmma; wide_kernel_applies).
+  bool wide = false;
 };
 
 // Chooses the kernel variant and the split count from shapes and `device`

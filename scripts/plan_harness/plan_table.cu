@@ -3,7 +3,7 @@
 // counts and device shared-memory limits, one line per input, so two trees'
 // plans can be compared without a GPU (scripts/plan_compare.sh). The Hopper
 // fp8 wgmma kernel is stubbed out (as if MLA_DECODE_FP8_KERNEL were unset), so
-// is the bf16 wide kernel (as if MLA_DECODE_BF16_KERNEL=mma), and no kernel is
+// is the wide kernel (as if MLA_DECODE_BF16_KERNEL=mma and MLA_DECODE_FP8_KERNEL=mma), and no kernel is
 // launched: only plan_splits runs.
 #include "cuda/decode_launch.cu"
 
@@ -13,10 +13,10 @@ namespace mla_decode {
 namespace cuda {
 bool fp8_uses_wgmma(const MlaDecodeParams&) { return false; }
 cudaError_t launch_fp8_wgmma(const DecodeLaunch&, cudaStream_t) { return cudaErrorNotSupported; }
-int bf16_wide_smem_bytes() { return 0; }
-int bf16_wide_tile_tokens() { return 32; }
-bool bf16_uses_wide_kernel(const MlaDecodeParams&, int) { return false; }
-cudaError_t launch_bf16_wide(const DecodeLaunch&, cudaStream_t) { return cudaErrorNotSupported; }
+int wide_smem_bytes() { return 0; }
+int wide_tile_tokens() { return 64; }
+bool wide_kernel_applies(const MlaDecodeParams&, int) { return false; }
+cudaError_t launch_wide(const DecodeLaunch&, cudaStream_t) { return cudaErrorNotSupported; }
 template <KvFormat F>
 cudaError_t launch_split_kernel(const DecodeLaunch&, cudaStream_t) { return cudaErrorNotSupported; }
 template cudaError_t launch_split_kernel<KvFormat::kBf16>(const DecodeLaunch&, cudaStream_t);

@@ -1,5 +1,5 @@
-// Split-KV MLA decode for a bf16 cache on Hopper (sm_90a) with many heads
-// (H >= 64): the "wide" kernel. 64 heads of one query token share every K/V
+// Split-KV MLA decode for a bf16 or OCP fp8 cache on Hopper (sm_90a) with
+// many heads (H >= 64): the "wide" kernel. 64 heads of one query token share every K/V
 // tile, so each key is read and fed to the tensor cores once per 64 heads
 // (the mma.sync kernel reads it once per 16, from shared memory into
 // registers, for every head group). Both products run on wgmma with their
@@ -120,7 +120,8 @@ struct Smem {
   static constexpr int kFinalL = kFinalM + kRows * 4;  // [64] fp32
   static constexpr int kFlags = kFinalL + kRows * 4;   // [stages][8] u32: bad-row bits
   static constexpr int kBars = kFlags + 4 * 8 * 4;     // [kMbCount] mbarriers
-  static constexpr int kTotal = kBars + kMbCount * 8;
+  static constexpr int kQScale = kBars + kMbCount * 8;  // [64] fp32: fp8's per-head 2^-e of Q
+  static constexpr int kTotal = kQScale + kRows * 4;
 };
 static_assert(Smem::kKv % 1024 == 0 && Smem::kP % 1024 == 0, "swizzle atoms are 1024-byte aligned");
 static_assert(Smem::kBars % 8 == 0, "mbarrier alignment");
@@ -131,10 +132,25 @@ __device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk, int bloc
   return (chunk >> 3) * block_bytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
 }
 
-template <int kTileTokens>
-__global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const DecodeLaunch args) {
+// Register budgets of the fp8 kernel (setmaxnreg): the value warpgroups hold
+// O (128) and the codes of the next tile (36) besides their loop state, the
+// score warpgroup S (32) and the softmax state. 96 + 2 x 200 per thread of a
+// warpgroup fits the 168 x 384 the launch reserves.
+constexpr int kFp8ScoreRegs = 96;
+constexpr int kFp8ValueRegs = 200;
+
+// F: bf16 (operands as stored) or OCP fp8 (e4m3fn): Q is scaled per head into
+// f16 and the value warpgroups convert each tile's codes to f16 as they store
+// it, so both products run on f16 wgmma; the codes of tile t+2 are loaded
+// into registers one tile ahead (global loads, not cp.async: the conversion
+// needs them in registers).
+template <int kTileTokens, KvFormat F>
+__global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLaunch args) {
   using TT = Tile<kTileTokens>;
   constexpr int kStages = TT::kStages;
+  constexpr bool kFp8 = F == KvFormat::kFp8E4M3FN;
+  static_assert(F == KvFormat::kBf16 || kFp8, "bf16 or OCP fp8");
+  static_assert(!kFp8 || kTileTokens == 64, "the fp8 loader maps 4 threads to a key of a 64-key tile");
 #if MLA_SM90A_DEVICE
   extern __shared__ __align__(1024) uint8_t smem[];
   const MlaDecodeParams& p = args.p;
@@ -153,6 +169,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
   float* final_m = reinterpret_cast<float*>(smem + Smem::kFinalM);
   float* final_l = reinterpret_cast<float*>(smem + Smem::kFinalL);
   uint32_t* flags = reinterpret_cast<uint32_t*>(smem + Smem::kFlags);
+  float* q_scale = reinterpret_cast<float*>(smem + Smem::kQScale);
 
   const WorkItem work = locate_work<kTileTokens, kRows>(args);
   const int kv_begin = work.kv_begin, kv_end = work.kv_end;
@@ -172,6 +189,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
 
   if (wg == 0) {
     // ===================== scores and softmax ===============================
+    if constexpr (kFp8) setmaxnreg_dec<kFp8ScoreRegs>();
     // Q: thread tid copies row tid / 2, chunks tid % 2 + 2m; heads past H
     // (and every head of an orphan token) are zero.
     {
@@ -188,6 +206,51 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
       }
       cp_async_commit();
       cp_async_wait<0>();
+      if constexpr (kFp8) {
+        // f16 Q, scaled per head: max |q| * 2^e in [2^14, 2^15) (products
+        // with e4m3 codes, |k| <= 448, stay far inside fp32). Each thread
+        // converts the chunks it copied (its own cp.async, so no barrier
+        // before); the head's two threads are lanes 2k, 2k + 1. inf / NaN
+        // elements are left out of the maximum and stay inf / NaN in f16.
+        uint32_t amax = 0;  // bf16 bits of the largest finite |q| (compare as integers)
+#pragma unroll
+        for (int m = 0; m < kHeadDimQK / 8 / 2; ++m) {
+          uint4 v;
+          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                       : "r"(q_smem + swizzled_offset(row, c2 + 2 * m, kQBlockBytes)));
+          const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const uint32_t lo = w[i] & 0x7FFFu, hi = (w[i] >> 16) & 0x7FFFu;
+            if (lo < 0x7F80u) amax = max(amax, lo);
+            if (hi < 0x7F80u) amax = max(amax, hi);
+          }
+        }
+        amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        const int amax_exp = static_cast<int>(amax >> 7);  // biased exponent of max |q|
+        const int e = amax == 0 ? 0 : min(max(141 - amax_exp, -120), 120);
+        const float factor = __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
+        if (c2 == 0) q_scale[row] = __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
+#pragma unroll
+        for (int m = 0; m < kHeadDimQK / 8 / 2; ++m) {
+          const uint32_t addr = q_smem + swizzled_offset(row, c2 + 2 * m, kQBlockBytes);
+          uint4 v;
+          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                       : "r"(addr));
+          uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const __half2 h = __floats2half2_rn(__uint_as_float(w[i] << 16) * factor,
+                                                __uint_as_float(w[i] & 0xFFFF0000u) * factor);
+            w[i] = *reinterpret_cast<const uint32_t*>(&h);
+          }
+          asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(w[0]), "r"(w[1]), "r"(w[2]),
+                       "r"(w[3])
+                       : "memory");
+        }
+      }
       fence_proxy_async_shared();
       bar_sync(kBarQ, 128);
     }
@@ -195,7 +258,19 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
     // A thread holds accumulator rows r0 = 16 warp + g and r0 + 8, columns
     // (keys of the tile) 8i + 2c + e: s[4i + 2r + e].
     const int r0 = 16 * warp + g;
-    const float scale_log2 = p.sm_scale * 1.4426950408889634f;
+    // Score scale in the log2 domain, per accumulator row (fp8: times the
+    // cache's scale and the row's 2^-e).
+    float row_scale[2];
+    {
+      const float scale_log2 = p.sm_scale * 1.4426950408889634f;
+      if constexpr (kFp8) {
+        const float kv_scale = __ldg(p.fp8_scale);
+        row_scale[0] = scale_log2 * kv_scale * q_scale[r0];
+        row_scale[1] = scale_log2 * kv_scale * q_scale[r0 + 8];
+      } else {
+        row_scale[0] = row_scale[1] = scale_log2;
+      }
+    }
     float m_run[2] = {-CUDART_INF_F, -CUDART_INF_F};
     float l_run[2] = {0.f, 0.f};  // this thread's 16 columns; the quad's sum at the end
     for (int t = 0; t < n_tiles; ++t) {
@@ -216,7 +291,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
         // instructions per wgmma, run73.)
         const uint64_t desc_q = desc_q0 + (((ks / 4) * kQBlockBytes + (ks % 4) * 32) >> 4);
         const uint64_t desc_k = desc_k0 + (((ks / 4) * TT::kBlockBytes + (ks % 4) * 32) >> 4);
-        if constexpr (kTileTokens == 64) {
+        if constexpr (kFp8) {
+          if (ks == 0) wgmma_m64n64k16_f16_ss<false>(s, desc_q, desc_k);
+          else wgmma_m64n64k16_f16_ss<true>(s, desc_q, desc_k);
+        } else if constexpr (kTileTokens == 64) {
           if (ks == 0) wgmma_m64n64k16_bf16_ss<false>(s, desc_q, desc_k);
           else wgmma_m64n64k16_bf16_ss<true>(s, desc_q, desc_k);
         } else {
@@ -265,8 +343,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
           }
         }
       }
-      mx[0] *= scale_log2;
-      mx[1] *= scale_log2;
+      mx[0] *= row_scale[0];
+      mx[1] *= row_scale[1];
       float alpha[2], m_ref[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -285,10 +363,15 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
       for (int i = 0; i < kTileTokens / 8; ++i) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const float p0 = exp2f(fmaf(s[4 * i + 2 * r], scale_log2, -m_ref[r]));
-          const float p1 = exp2f(fmaf(s[4 * i + 2 * r + 1], scale_log2, -m_ref[r]));
+          const float p0 = exp2f(fmaf(s[4 * i + 2 * r], row_scale[r], -m_ref[r]));
+          const float p1 = exp2f(fmaf(s[4 * i + 2 * r + 1], row_scale[r], -m_ref[r]));
           sum[r] += p0 + p1;
-          pk[2 * i + r] = mla_pack_bf16x2(p0, p1);
+          if constexpr (kFp8) {
+            const __half2 h = __floats2half2_rn(p0, p1);
+            pk[2 * i + r] = *reinterpret_cast<const uint32_t*>(&h);
+          } else {
+            pk[2 * i + r] = mla_pack_bf16x2(p0, p1);
+          }
         }
       }
 #pragma unroll
@@ -340,6 +423,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
   } else {
   // ===================== values and loads (wg 1, 2) ===========================
   // (wg 0 does not return early: every warp stays to the end of the kernel.)
+  if constexpr (kFp8) setmaxnreg_inc<kFp8ValueRegs>();
   // Loader: thread lt copies key lt / kLoadersPerToken of a tile, chunks
   // lt % kLoadersPerToken + kLoadersPerToken m: a warp reads 8 rows x 64
   // contiguous bytes (64-key tiles) or 4 rows x 128 bytes (32-key tiles) per
@@ -373,14 +457,72 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
     }
     cp_async_commit();  // one group per tile, empty past the end
   };
+  // fp8: the same thread-to-chunk map on the codes (16-byte chunk j of a row
+  // is 16 codes, dims 16j..16j+15, which become the f16 chunks 2j and 2j+1),
+  // loaded into registers by fetch_tile and converted into a slot by
+  // store_tile. Keys past the split or with a bad index hold zero codes.
+  uint4 codes[kHeadDimQK / 16 / 4];  // 9 chunks of 16 codes
+  uint32_t codes_bad = 0;            // the warp's bad-key ballot for those codes
+  auto fetch_tile = [&](int tile) {
+    if (tile < n_tiles) {
+      const int j = kv_begin + tile * kTileTokens + ld_token;
+      int64_t r = -2;
+      if (j < kv_end) {
+        r = contiguous ? contiguous_base + j : kv_row(p, work.b, j);
+        if (r < 0 || r >= p.num_cache_rows) r = -1;
+      }
+      codes_bad = __ballot_sync(0xffffffffu, r == -1);
+      const uint8_t* src = kv_base + (r >= 0 ? r : 0) * p.kv_row_stride_bytes + 16 * ld_c0;
+#pragma unroll
+      for (int m = 0; m < kHeadDimQK / 16 / 4; ++m) {
+        codes[m] = r >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + 64 * m)) : make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  // f16 chunks 2j and 2j + 1 of code chunk j = ld_c0 + 4m sit in column block
+  // m at the same swizzled positions for every m.
+  const uint32_t st_lo = kv_smem + ld_token * 128 + (((2 * ld_c0) ^ (ld_token & 7)) << 4);
+  const uint32_t st_hi = kv_smem + ld_token * 128 + (((2 * ld_c0 + 1) ^ (ld_token & 7)) << 4);
+  auto store_tile = [&](int tile) {
+    if (tile < n_tiles) {
+      const int slot = tile % kStages;
+      if (lane == 0) flags[slot * 8 + lt / 32] = codes_bad;
+      const uint32_t slot_off = slot * TT::kStageBytes;
+#pragma unroll
+      for (int m = 0; m < kHeadDimQK / 16 / 4; ++m) {
+        const uint32_t lo[4] = {e4m3x2_to_f16x2<0>(codes[m].x), e4m3x2_to_f16x2<1>(codes[m].x),
+                                e4m3x2_to_f16x2<0>(codes[m].y), e4m3x2_to_f16x2<1>(codes[m].y)};
+        const uint32_t hi[4] = {e4m3x2_to_f16x2<0>(codes[m].z), e4m3x2_to_f16x2<1>(codes[m].z),
+                                e4m3x2_to_f16x2<0>(codes[m].w), e4m3x2_to_f16x2<1>(codes[m].w)};
+        const uint32_t off = slot_off + m * TT::kBlockBytes;
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(st_lo + off), "r"(lo[0]), "r"(lo[1]),
+                     "r"(lo[2]), "r"(lo[3])
+                     : "memory");
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(st_hi + off), "r"(hi[0]), "r"(hi[1]),
+                     "r"(hi[2]), "r"(hi[3])
+                     : "memory");
+      }
+      fence_proxy_async_shared();
+      mbar_arrive(mbar(kMbFull + slot));
+    }
+  };
   // Tiles 0 .. kStages-1 fill the ring; tile t + kStages is issued into tile
   // t's slot once tile t's PV is done.
+  if constexpr (kFp8) {
+    static_assert(kStages == 2, "fp8: tiles 0 and 1 stored, tile 2 fetched ahead");
+    fetch_tile(0);
+    store_tile(0);
+    fetch_tile(1);
+    store_tile(1);
+    fetch_tile(2);
+  } else {
 #pragma unroll
-  for (int j = 0; j < kStages; ++j) issue_tile(j);
-  if (n_tiles > 0) {
-    cp_async_wait<kStages - 1>();
-    fence_proxy_async_shared();
-    mbar_arrive(mbar(kMbFull + 0));
+    for (int j = 0; j < kStages; ++j) issue_tile(j);
+    if (n_tiles > 0) {
+      cp_async_wait<kStages - 1>();
+      fence_proxy_async_shared();
+      mbar_arrive(mbar(kMbFull + 0));
+    }
   }
 
   float o[128];
@@ -410,10 +552,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
       const uint64_t desc_p = smem_desc_sw128(p_smem + 32 * kk, 16, kSwizzleGroupBytes);
       const uint64_t desc_v = smem_desc_sw128(kv_smem + slot * TT::kStageBytes + v_block0 * TT::kBlockBytes + kk * 16 * 128,
                                               TT::kBlockBytes, kSwizzleGroupBytes);
-      wgmma_m64n256k16_bf16_ss_tnspb<true>(o, desc_p, desc_v);
+      if constexpr (kFp8) {
+        wgmma_m64n256k16_f16_ss_tnspb<true>(o, desc_p, desc_v);
+      } else {
+        wgmma_m64n256k16_bf16_ss_tnspb<true>(o, desc_p, desc_v);
+      }
     }
     wgmma_commit();
-    if (t + 1 < n_tiles) {  // tile t+1 landed (tiles up to t + kStages - 1 may be pending): hand it to wg 0
+    if (!kFp8 && t + 1 < n_tiles) {  // tile t+1 landed (tiles up to t + kStages - 1 may be pending): hand it to wg 0
       cp_async_wait<kStages - 2>();
       fence_proxy_async_shared();
       mbar_arrive(mbar(kMbFull + (t + 1) % kStages));
@@ -423,7 +569,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
     for (int i = 0; i < 128; ++i) pin(o[i]);
     bar_sync(kBarValues, kLoaderThreads);  // both value warpgroups are done with tile t
     if (t + 1 < n_tiles) mbar_arrive(mbar(kMbPEmpty));
-    issue_tile(t + kStages);  // into tile t's slot
+    if constexpr (kFp8) {
+      store_tile(t + 2);  // into tile t's slot, from the codes fetched one iteration ago
+      fetch_tile(t + 3);
+    } else {
+      issue_tile(t + kStages);  // into tile t's slot
+    }
   }
   cp_async_wait<0>();
 
@@ -436,6 +587,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_wide_kernel(const Dec
     if (h >= p.num_heads) continue;  // no shuffles below: skipping is safe
     const float l = final_l[row];
     float inv = l > 0.f ? 1.f / l : 0.f;
+    if constexpr (kFp8) inv *= __ldg(p.fp8_scale);  // V's dequantisation
     if (isnan(l) || work.orphan) inv = CUDART_NAN_F;
     const int dim0 = 256 * vwg + 2 * c;  // + 8i
     if (args.num_splits == 1) {
