@@ -19,7 +19,11 @@
 //   wg 1, 2 (values): O = alpha O + P V for value dims [256 (wg - 1), +256)
 //                    (wgmma m64n256k16, 4 k-steps, P K-major, V N-major: the
 //                    same stored tile read transposed), and all the loads of
-//                    K/V tiles (cp.async, 16-byte chunks).
+//                    K/V tiles (bf16: cp.async of 16-byte chunks; fp8: the
+//                    codes of tile t+2 are loaded into registers while tile
+//                    t's PV runs and converted to f16 into its slot after it,
+//                    so both products run on f16 wgmma with Q scaled per head
+//                    into f16).
 // So tile t's scores (wg 0) run while tile t-1's values (wg 1, 2) run, and
 // the tensor cores see both.
 //
