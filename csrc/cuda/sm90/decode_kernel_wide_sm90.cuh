@@ -295,15 +295,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
         // instructions per wgmma, run73.)
         const uint64_t desc_q = desc_q0 + (((ks / 4) * kQBlockBytes + (ks % 4) * 32) >> 4);
         const uint64_t desc_k = desc_k0 + (((ks / 4) * TT::kBlockBytes + (ks % 4) * 32) >> 4);
-        if constexpr (kFp8) {
-          if (ks == 0) wgmma_m64n64k16_f16_ss<false>(s, desc_q, desc_k);
-          else wgmma_m64n64k16_f16_ss<true>(s, desc_q, desc_k);
-        } else if constexpr (kTileTokens == 64) {
-          if (ks == 0) wgmma_m64n64k16_bf16_ss<false>(s, desc_q, desc_k);
-          else wgmma_m64n64k16_bf16_ss<true>(s, desc_q, desc_k);
+        if constexpr (kTileTokens == 64) {
+          if (ks == 0) wgmma_m64n64k16_ss<kFp8, false>(s, desc_q, desc_k);
+          else wgmma_m64n64k16_ss<kFp8, true>(s, desc_q, desc_k);
         } else {
-          if (ks == 0) wgmma_m64n32k16_bf16_ss<false>(s, desc_q, desc_k);
-          else wgmma_m64n32k16_bf16_ss<true>(s, desc_q, desc_k);
+          if (ks == 0) wgmma_m64n32k16_ss<kFp8, false>(s, desc_q, desc_k);
+          else wgmma_m64n32k16_ss<kFp8, true>(s, desc_q, desc_k);
         }
       }
       wgmma_commit();
@@ -556,11 +553,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
       const uint64_t desc_p = smem_desc_sw128(p_smem + 32 * kk, 16, kSwizzleGroupBytes);
       const uint64_t desc_v = smem_desc_sw128(kv_smem + slot * TT::kStageBytes + v_block0 * TT::kBlockBytes + kk * 16 * 128,
                                               TT::kBlockBytes, kSwizzleGroupBytes);
-      if constexpr (kFp8) {
-        wgmma_m64n256k16_f16_ss_tnspb<true>(o, desc_p, desc_v);
-      } else {
-        wgmma_m64n256k16_bf16_ss_tnspb<true>(o, desc_p, desc_v);
-      }
+      wgmma_m64n256k16_ss_tnspb<kFp8, true>(o, desc_p, desc_v);
     }
     wgmma_commit();
     if (!kFp8 && t + 1 < n_tiles) {  // tile t+1 landed (tiles up to t + kStages - 1 may be pending): hand it to wg 0
