@@ -42,14 +42,16 @@ def test_torch_compile_fullgraph(device):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("fmt", ["bf16", "fp8", "mxfp4"])
 @pytest.mark.parametrize("num_splits", [0, 4])
-def test_cuda_graph_replay_with_new_lengths(fmt, num_splits):
+@pytest.mark.parametrize("num_heads", [16, 128])
+def test_cuda_graph_replay_with_new_lengths(fmt, num_splits, num_heads):
     """Capture once, then change lengths (same batch size) and replay (twice). num_splits
-    0: the planned split; 4: a forced split with the combine kernel in the graph."""
+    0: the planned split; 4: a forced split with the combine kernel in the graph. 128 heads:
+    bf16 and fp8 run the Hopper wide kernel where it applies (H100/H200, 9.0a build)."""
     dev = torch.device("cuda")
-    case = make_case(fmt, "indptr", 16, 1, [200, 50, 0, 400], seed=31, device=dev, extra_rows=600)
+    case = make_case(fmt, "indptr", num_heads, 1, [200, 50, 0, 400], seed=31, device=dev, extra_rows=600)
     static = dict(q=case.q.clone(), kvp=case.kv_indptr.clone())
-    out = torch.empty(case.q.shape[0], 16, 512, dtype=torch.bfloat16, device=dev)
-    lse = torch.empty(case.q.shape[0], 16, dtype=torch.float32, device=dev)
+    out = torch.empty(case.q.shape[0], num_heads, 512, dtype=torch.bfloat16, device=dev)
+    lse = torch.empty(case.q.shape[0], num_heads, dtype=torch.float32, device=dev)
 
     def run():
         torch.ops.mla_decode.decode_out(static["q"], case.kv, case.kv_scale, case.qo_indptr, static["kvp"], None,
@@ -69,7 +71,7 @@ def test_cuda_graph_replay_with_new_lengths(fmt, num_splits):
 
     # New lengths over the same cache rows: rebuild a case with the same cache
     # and copy its indptr into the captured buffer.
-    case2 = make_case(fmt, "indptr", 16, 1, [10, 0, 700, 33], seed=32, device=dev, extra_rows=300)
+    case2 = make_case(fmt, "indptr", num_heads, 1, [10, 0, 700, 33], seed=32, device=dev, extra_rows=300)
     total_rows = case2.kv.shape[0]
     assert total_rows <= case.kv.shape[0]
     case.kv[:total_rows].copy_(case2.kv)
