@@ -29,7 +29,7 @@
 //
 // Shared memory (all operands 128-byte swizzled, see ptx_sm90.cuh):
 //   Q        64 heads x 576 dims, 9 column blocks of 64 dims (8 KB each)
-//   K/V ring 2 x (64 keys x 576 dims) (or 4 x 32 keys), the same layout; rows past the
+//   K/V ring 2 x (64 keys x 576 dims), the same layout; rows past the
 //            split or with a bad index are zero-filled (PV multiplies every
 //            row by its P, so they must hold finite values)
 //   P        64 heads x 64 keys bf16 (one column block), alpha[2][64]
@@ -72,29 +72,29 @@ constexpr int kRows = kWideRows;  // 64 heads: the M of every wgmma
 constexpr int kColBlocks = kHeadDimQK / 64;            // 9 column blocks of 64 dims (128 bytes per row)
 constexpr int kQBlockBytes = kRows * 128;              // one column block of Q
 constexpr int kQBytes = kColBlocks * kQBlockBytes;     // 73728
-constexpr int kRingBytes = 2 * 64 * kHeadDimQK * 2;    // 147456: two 64-token tiles, or four of 32
+constexpr int kRingBytes = 2 * 64 * kHeadDimQK * 2;    // 147456: two 64-key tiles
 constexpr int kValueBlocksPerWg = kHeadDimV / 64 / 2;  // 4 column blocks (256 dims) per value warpgroup
 constexpr int kSwizzleGroupBytes = 8 * 128;            // SBO: 8 rows of 128 bytes
 constexpr int kLoaderThreads = 256;                    // wg 1, 2
 
-// The key tile: kTileTokens keys per stage, the N of QK and the K of PV. The
-// ring has the same bytes either way: 64-key tiles give QK its best shape
-// (m64n64: Q's shared-memory reads amortised over twice the keys) but only 2
-// stages; 32-key tiles give 4 stages, so more loads are in flight. Measured
-// on the H200 (run71), 64 is faster at every H = 128 sweep shape from 8k keys
-// up (b256/kv8192 1391 against 1528 us), so only 64 is built (32 compiles).
+// The key tile: kTileTokens keys per stage, the N of QK and the K of PV.
+// 64-key tiles give QK its best shape (m64n64: Q's shared-memory reads
+// amortised over twice the keys) but leave room for only 2 stages. Measured
+// on the H200 (run71), 32-key tiles with 4 stages in the same bytes were
+// slower at every H = 128 sweep shape from 8k keys up (b256/kv8192 1528
+// against 1391 us); that variant is in the history (73c6c96), not here.
 constexpr int kTileTokensDefault = 64;
 template <int kTileTokens>
 struct Tile {
-  static_assert(kTileTokens == 32 || kTileTokens == 64, "tile of 32 or 64 keys");
-  static constexpr int kStages = kRingBytes / (kTileTokens * kHeadDimQK * 2);
+  static_assert(kTileTokens == 64, "the kernel is written for 64-key tiles");
+  static constexpr int kStages = kRingBytes / (kTileTokens * kHeadDimQK * 2);  // 2
   static constexpr int kBlockBytes = kTileTokens * 128;          // one column block of a stage
   static constexpr int kStageBytes = kColBlocks * kBlockBytes;
-  static constexpr int kLoadersPerToken = kLoaderThreads / kTileTokens;  // 4 or 8
-  static constexpr int kChunksPerLoader = (kHeadDimQK / 8) / kLoadersPerToken;  // 18 or 9
-  static constexpr int kTokensPerLoaderWarp = 32 / kLoadersPerToken;    // 8 or 4: one bad-row word each
-  static constexpr int kFlagWords = kTileTokens / kTokensPerLoaderWarp;  // 8 per stage
-  static constexpr int kAcc = kTileTokens / 2;                          // S accumulator registers
+  static constexpr int kLoadersPerToken = kLoaderThreads / kTileTokens;         // 4
+  static constexpr int kChunksPerLoader = (kHeadDimQK / 8) / kLoadersPerToken;  // 18
+  static constexpr int kTokensPerLoaderWarp = 32 / kLoadersPerToken;            // 8: one bad-row word each
+  static constexpr int kFlagWords = kTileTokens / kTokensPerLoaderWarp;         // 8 per stage
+  static constexpr int kAcc = kTileTokens / 2;                                  // S accumulator registers
 };
 
 // Named barriers: only among threads that run the same code (one warpgroup,
@@ -109,21 +109,21 @@ enum NamedBarrier : int {
 // mbarriers, in this order in Smem::kBars; arrivals per phase in brackets.
 enum MBarrier : int {
   kMbFull = 0,          // + slot [256: wg 1, 2]: tile landed; one phase per use of the slot
-  kMbPFull = 4,         // [128: wg 0]: P and alpha of tile t stored; phase t
-  kMbPEmpty = 5,        // [256: wg 1, 2]: tile t's PV complete; phase t
-  kMbFinal = 6,         // [128: wg 0]: the final (m, l) rows stored
-  kMbCount = 7,
+  kMbPFull = 2,         // [128: wg 0]: P and alpha of tile t stored; phase t
+  kMbPEmpty = 3,        // [256: wg 1, 2]: tile t's PV complete; phase t
+  kMbFinal = 4,         // [128: wg 0]: the final (m, l) rows stored
+  kMbCount = 5,
 };
 
 struct Smem {
   static constexpr int kQ = 0;
   static constexpr int kKv = kQ + kQBytes;
-  static constexpr int kP = kKv + kRingBytes;          // 64 x 64 bf16: one column block (32-key tiles use half)
+  static constexpr int kP = kKv + kRingBytes;          // 64 x 64 bf16: one column block
   static constexpr int kAlpha = kP + kQBlockBytes;     // [2][64] fp32: tile t's at [t % 2]
   static constexpr int kFinalM = kAlpha + 2 * kRows * 4;  // [64] fp32
   static constexpr int kFinalL = kFinalM + kRows * 4;  // [64] fp32
-  static constexpr int kFlags = kFinalL + kRows * 4;   // [stages][8] u32: bad-row bits
-  static constexpr int kBars = kFlags + 4 * 8 * 4;     // [kMbCount] mbarriers
+  static constexpr int kFlags = kFinalL + kRows * 4;   // [2 stages][8] u32: bad-row bits
+  static constexpr int kBars = kFlags + 2 * 8 * 4;     // [kMbCount] mbarriers
   static constexpr int kQScale = kBars + kMbCount * 8;  // [64] fp32: fp8's per-head 2^-e of Q
   static constexpr int kTotal = kQScale + kRows * 4;
 };
@@ -154,7 +154,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
   constexpr int kStages = TT::kStages;
   constexpr bool kFp8 = F == KvFormat::kFp8E4M3FN;
   static_assert(F == KvFormat::kBf16 || kFp8, "bf16 or OCP fp8");
-  static_assert(!kFp8 || kTileTokens == 64, "the fp8 loader maps 4 threads to a key of a 64-key tile");
 #if MLA_SM90A_DEVICE
   extern __shared__ __align__(1024) uint8_t smem[];
   const MlaDecodeParams& p = args.p;
@@ -182,7 +181,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
   const uint32_t bars = smem_base + Smem::kBars;
   auto mbar = [&](int i) { return bars + 8 * i; };
   if (tid == 0) {
-    for (int i = 0; i < 4; ++i) mbar_init(mbar(kMbFull + i), kLoaderThreads);
+    for (int i = 0; i < kStages; ++i) mbar_init(mbar(kMbFull + i), kLoaderThreads);
     mbar_init(mbar(kMbPFull), 128);
     mbar_init(mbar(kMbPEmpty), kLoaderThreads);
     mbar_init(mbar(kMbFinal), 128);
@@ -295,13 +294,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
         // instructions per wgmma, run73.)
         const uint64_t desc_q = desc_q0 + (((ks / 4) * kQBlockBytes + (ks % 4) * 32) >> 4);
         const uint64_t desc_k = desc_k0 + (((ks / 4) * TT::kBlockBytes + (ks % 4) * 32) >> 4);
-        if constexpr (kTileTokens == 64) {
-          if (ks == 0) wgmma_m64n64k16_ss<kFp8, false>(s, desc_q, desc_k);
-          else wgmma_m64n64k16_ss<kFp8, true>(s, desc_q, desc_k);
-        } else {
-          if (ks == 0) wgmma_m64n32k16_ss<kFp8, false>(s, desc_q, desc_k);
-          else wgmma_m64n32k16_ss<kFp8, true>(s, desc_q, desc_k);
-        }
+        if (ks == 0) wgmma_m64n64k16_ss<kFp8, false>(s, desc_q, desc_k);
+        else wgmma_m64n64k16_ss<kFp8, true>(s, desc_q, desc_k);
       }
       wgmma_commit();
       wgmma_wait<0>();
@@ -427,23 +421,25 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
   if constexpr (kFp8) setmaxnreg_inc<kFp8ValueRegs>();
   // Loader: thread lt copies key lt / kLoadersPerToken of a tile, chunks
   // lt % kLoadersPerToken + kLoadersPerToken m: a warp reads 8 rows x 64
-  // contiguous bytes (64-key tiles) or 4 rows x 128 bytes (32-key tiles) per
-  // instruction.
+  // contiguous bytes per instruction.
   const int lt = tid - 128;
   const int ld_token = lt / TT::kLoadersPerToken, ld_c0 = lt % TT::kLoadersPerToken;
   const uint8_t* kv_base = static_cast<const uint8_t*>(p.kv);
   const bool contiguous = p.layout == KvLayout::kIndptr;
   const int64_t contiguous_base = (contiguous && !work.orphan) ? static_cast<int64_t>(__ldg(p.kv_indptr + work.b)) : 0;
   const uint32_t ld_dst = kv_smem + ld_token * 128;
+  // Cache row of this thread's key of `tile`: -2 past the split (zero-filled
+  // or zero codes, masked by position), -1 for a bad index (a NaN score).
+  auto key_row = [&](int tile) -> int64_t {
+    const int j = kv_begin + tile * kTileTokens + ld_token;
+    if (j >= kv_end) return -2;
+    const int64_t r = contiguous ? contiguous_base + j : kv_row(p, work.b, j);
+    return (r < 0 || r >= p.num_cache_rows) ? -1 : r;
+  };
   auto issue_tile = [&](int tile) {
     if (tile < n_tiles) {
       const int slot = tile % kStages;
-      const int j = kv_begin + tile * kTileTokens + ld_token;
-      int64_t r = -2;  // past the split: zero-filled, masked by position
-      if (j < kv_end) {
-        r = contiguous ? contiguous_base + j : kv_row(p, work.b, j);
-        if (r < 0 || r >= p.num_cache_rows) r = -1;  // bad index: NaN score
-      }
+      const int64_t r = key_row(tile);
       const uint32_t bad = __ballot_sync(0xffffffffu, r == -1);
       if (lane == 0) flags[slot * 8 + lt / 32] = bad;
       const uint8_t* src = kv_base + (r >= 0 ? r : 0) * p.kv_row_stride_bytes + 16 * ld_c0;
@@ -466,12 +462,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
   uint32_t codes_bad = 0;            // the warp's bad-key ballot for those codes
   auto fetch_tile = [&](int tile) {
     if (tile < n_tiles) {
-      const int j = kv_begin + tile * kTileTokens + ld_token;
-      int64_t r = -2;
-      if (j < kv_end) {
-        r = contiguous ? contiguous_base + j : kv_row(p, work.b, j);
-        if (r < 0 || r >= p.num_cache_rows) r = -1;
-      }
+      const int64_t r = key_row(tile);
       codes_bad = __ballot_sync(0xffffffffu, r == -1);
       const uint8_t* src = kv_base + (r >= 0 ? r : 0) * p.kv_row_stride_bytes + 16 * ld_c0;
 #pragma unroll

@@ -127,17 +127,12 @@ __device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t smem_addr, uint32_t
          (static_cast<uint64_t>((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
 }
 
-// d (64 x N fp32) (+)= A (64 x 16, shared, K-major) * B (16 x N, shared, K-major), N = 32, 64;
+// d (64 x 64 fp32) (+)= A (64 x 16, shared, K-major) * B (16 x 64, shared, K-major);
 // d (64 x 256 fp32) (+)= A (64 x 16, shared, K-major) * B (16 x 256, shared, N-major);
 // bf16 or f16 operands. Accumulator layout as for e4m3: d[4i + 2r + e] = (row 16w + g + 8r,
 // column 8i + 2c + e).
 // Accumulator operand lists of the bf16 / f16 wgmma wrappers below (N / 2
 // fp32 registers per thread for an m64nN shape) and their register strings.
-#define MLA_WGMMA_D16 \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-#define MLA_WGMMA_R16 \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
 #define MLA_WGMMA_D32 \
   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
@@ -182,16 +177,6 @@ __device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t smem_addr, uint32_t
                : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0))
 
 // kF16: f16 operands (the fp8 wide kernel), else bf16.
-template <bool kF16, bool kAccumulate>
-__device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[16], uint64_t desc_a, uint64_t desc_b) {
-#if MLA_SM90A_DEVICE
-  if constexpr (kF16) {
-    MLA_WGMMA_SS("m64n32k16", "f16", "0", 16, "16", "17", "18");
-  } else {
-    MLA_WGMMA_SS("m64n32k16", "bf16", "0", 16, "16", "17", "18");
-  }
-#endif
-}
 template <bool kF16, bool kAccumulate>
 __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
 #if MLA_SM90A_DEVICE
