@@ -89,6 +89,14 @@ inline cudaError_t device_compute_capability(int dev, int* cc) {
   return cudaSuccess;
 }
 
+// Whether the current device runs sm_90a machine code, which needs compute
+// capability 9.0 exactly (the Hopper kernels' launch condition).
+inline bool current_device_runs_sm90a() {
+  int dev = 0, cc = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || device_compute_capability(dev, &cc) != cudaSuccess) return false;
+  return cc == 90;
+}
+
 // Raises `kernel`'s dynamic shared-memory limit to `bytes` on the current
 // device. The opt-in is per device, so each kernel keeps a bitmask of the
 // devices it has set (`configured`, a function-local static of the caller)

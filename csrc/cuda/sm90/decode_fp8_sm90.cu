@@ -32,10 +32,7 @@ bool fp8_uses_wgmma(const MlaDecodeParams& p) {
   if (p.format != KvFormat::kFp8E4M3FN || !wgmma_requested_by_env()) return false;
   // Its cp.async copies 16-byte chunks of each row.
   if (reinterpret_cast<uintptr_t>(p.kv) % 16 != 0 || p.kv_row_stride_bytes % 16 != 0) return false;
-  int dev = 0, cc = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || device_compute_capability(dev, &cc) != cudaSuccess) return false;
-  // sm_90a machine code runs on compute capability 9.0 only.
-  return cc == 90;
+  return current_device_runs_sm90a();
 #else
   (void)p;
   return false;  // built without an sm_90a target (TORCH_CUDA_ARCH_LIST lacks 9.0a)

@@ -61,9 +61,7 @@ bool wide_kernel_applies(const MlaDecodeParams& p, int smem_per_block_optin) {
   // and query rows.
   if (!aligned16(p.kv) || p.kv_row_stride_bytes % 16 != 0) return false;
   if (!aligned16(p.q) || (p.q_stride_token * 2) % 16 != 0 || (p.q_stride_head * 2) % 16 != 0) return false;
-  int dev = 0, cc = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || device_compute_capability(dev, &cc) != cudaSuccess) return false;
-  return cc == 90;  // sm_90a machine code runs on compute capability 9.0 only
+  return current_device_runs_sm90a();
 #else
   (void)p;
   (void)smem_per_block_optin;
