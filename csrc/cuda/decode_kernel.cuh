@@ -414,11 +414,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
 #pragma unroll
     for (int kk = 0; kk < kKStepsPerWarp; ++kk) {
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const uint32_t lo = qf[kk][r] & 0x7FFFu, hi = (qf[kk][r] >> 16) & 0x7FFFu;
-        if (lo < 0x7F80u) amax = max(amax, lo);
-        if (hi < 0x7F80u) amax = max(amax, hi);
-      }
+      for (int r = 0; r < 4; ++r) amax = bf16_finite_abs_max(qf[kk][r], amax);
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, off));
@@ -428,8 +424,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) amax = max(amax, red[w]);
     __syncthreads();  // red (smem_alpha) is reused by the softmax
-    const int amax_exp = static_cast<int>(amax >> 7);           // biased exponent of max |q|
-    const int e = amax == 0 ? 0 : min(max(141 - amax_exp, -120), 120);  // max |q| * 2^e in [2^14, 2^15)
+    const int e = pow2_scale_exponent<141>(amax);  // max |q| * 2^e in [2^14, 2^15)
     const float factor = __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
     scale_log2 *= __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
 #pragma unroll

@@ -105,6 +105,25 @@ __device__ __forceinline__ __nv_bfloat162 bits_bf16x2(uint32_t u) {
   return *reinterpret_cast<__nv_bfloat162*>(&u);
 }
 
+// Per-head (or per-CTA) scaling of Q before it is narrowed (to f16 or e4m3):
+// bf16_finite_abs_max folds the two bf16 of `w` into `amax`, the magnitude
+// bits of the largest finite |q| so far (finite bf16 magnitudes order like
+// integers; inf / NaN are left out, so a NaN head poisons only its own rows),
+// and pow2_scale_exponent gives the e with max |q| * 2^e in
+// [2^(kTopBiased - 127 - 7), 2^(kTopBiased - 127 - 6)), clamped to
+// [-120, 120]; 0 when amax is 0.
+__device__ __forceinline__ uint32_t bf16_finite_abs_max(uint32_t w, uint32_t amax) {
+  const uint32_t lo = w & 0x7FFFu, hi = (w >> 16) & 0x7FFFu;
+  if (lo < 0x7F80u) amax = max(amax, lo);
+  if (hi < 0x7F80u) amax = max(amax, hi);
+  return amax;
+}
+template <int kTopBiased>
+__device__ __forceinline__ int pow2_scale_exponent(uint32_t amax) {
+  const int amax_exp = static_cast<int>(amax >> 7);  // biased exponent of max |q|
+  return amax == 0 ? 0 : min(max(kTopBiased - amax_exp, -120), 120);
+}
+
 // Two e4m3fnuz codes (AMD MI300 flavour) to bf16x2, exactly, through the
 // scalar decoder: NVIDIA has no hardware for this flavour and it is not a
 // performance path here.

@@ -201,15 +201,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_fp8_wgmma_kernel(const Dec
     }
     uint32_t amax = 0;  // bf16 bits of the largest finite |q| (compare as integers)
 #pragma unroll
-    for (int i = 0; i < 18; ++i) {
-      const uint32_t lo = x[i] & 0x7FFFu, hi = (x[i] >> 16) & 0x7FFFu;
-      if (lo < 0x7F80u) amax = max(amax, lo);
-      if (hi < 0x7F80u) amax = max(amax, hi);
-    }
+    for (int i = 0; i < 18; ++i) amax = bf16_finite_abs_max(x[i], amax);
 #pragma unroll
     for (int off = 1; off < 16; off <<= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    const int amax_exp = static_cast<int>(amax >> 7);  // biased exponent of max |q|
-    const int e = amax == 0 ? 0 : min(max(134 - amax_exp, -120), 120);
+    const int e = pow2_scale_exponent<134>(amax);  // max |q| * 2^e in [128, 256)
     const float factor = __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
     if (part == 0) q_scale[hq] = __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
     uint32_t terms[kQTerms][9];  // 36 codes per term, 4 per word

@@ -222,17 +222,13 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
           asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                        : "r"(q_smem + swizzled_offset(row, c2 + 2 * m, kQBlockBytes)));
-          const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const uint32_t lo = w[i] & 0x7FFFu, hi = (w[i] >> 16) & 0x7FFFu;
-            if (lo < 0x7F80u) amax = max(amax, lo);
-            if (hi < 0x7F80u) amax = max(amax, hi);
-          }
+          amax = bf16_finite_abs_max(v.x, amax);
+          amax = bf16_finite_abs_max(v.y, amax);
+          amax = bf16_finite_abs_max(v.z, amax);
+          amax = bf16_finite_abs_max(v.w, amax);
         }
         amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-        const int amax_exp = static_cast<int>(amax >> 7);  // biased exponent of max |q|
-        const int e = amax == 0 ? 0 : min(max(141 - amax_exp, -120), 120);
+        const int e = pow2_scale_exponent<141>(amax);  // max |q| * 2^e in [2^14, 2^15)
         const float factor = __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
         if (c2 == 0) q_scale[row] = __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
 #pragma unroll
