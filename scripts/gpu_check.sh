@@ -12,8 +12,9 @@
 #             benchmark options (e.g. "--formats fp8")
 #   sanitize  compute-sanitizer on scripts/sanitize_cases.py, each tool of
 #             $SANITIZE_TOOLS (default: memcheck racecheck synccheck initcheck),
-#             also for the fp8 cases on the opt-in Hopper kernel
-#             (MLA_DECODE_FP8_KERNEL=wgmma)
+#             again with the Hopper wide kernel forced for H >= 64
+#             (MLA_DECODE_*_KERNEL=wide), and for the fp8 cases on the opt-in
+#             Hopper kernel (MLA_DECODE_FP8_KERNEL=wgmma)
 # GIT_COMMIT=<sha> labels the logs and the benchmark's output; pass it on the
 # lent device, whose copy of .git can be stale (else: git rev-parse HEAD).
 # Narrowing (for a second pass over one kernel in the same call):
@@ -69,6 +70,12 @@ for step in $steps; do
           ${SANITIZE_FORMATS:-} > "$OUT/sanitize_$tool.log" 2>&1
         r=$?; [ $r -ne 0 ] && rc=1
         echo "compute-sanitizer $tool: rc=$r $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)"
+        # The sanitize cases are below the wide kernel's size threshold: force it for H >= 64.
+        MLA_DECODE_BF16_KERNEL=wide MLA_DECODE_FP8_KERNEL=wide MLA_DECODE_MXFP4_KERNEL=wide timeout "$SANITIZE_S" \
+          compute-sanitizer --tool $tool --error-exitcode 9 python3 scripts/sanitize_cases.py ${SANITIZE_FORMATS:-} \
+          > "$OUT/sanitize_${tool}_wide.log" 2>&1
+        r=$?; [ $r -ne 0 ] && rc=1
+        echo "compute-sanitizer $tool (wide kernel forced): rc=$r $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_${tool}_wide.log" | tail -1)"
         case " ${SANITIZE_FORMATS:-fp8} " in *" fp8 "*) ;; *) continue ;; esac
         MLA_DECODE_FP8_KERNEL=wgmma timeout "$SANITIZE_S" compute-sanitizer --tool $tool --error-exitcode 9 \
           python3 scripts/sanitize_cases.py fp8 > "$OUT/sanitize_${tool}_wgmma.log" 2>&1

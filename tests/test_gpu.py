@@ -178,14 +178,17 @@ def _child_env(**env_vars):
     env = dict(os.environ)
     env.pop("MLA_DECODE_FP8_KERNEL", None)
     env.pop("MLA_DECODE_BF16_KERNEL", None)
+    env.pop("MLA_DECODE_MXFP4_KERNEL", None)
     env.pop("MLA_DECODE_SMEM_LIMIT", None)
     env.update(env_vars)
     return env
 
 
-def _run_this_file_in_child(k_expr, **env_vars):
-    """The tests of this file selected by `k_expr`, in a child process with `env_vars`: all must pass."""
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", k_expr],
+def _run_this_file_in_child(k_expr, files=(), **env_vars):
+    """The tests of this file (and of `files`, in this directory) selected by `k_expr`, in a
+    child process with `env_vars`: all must pass."""
+    paths = [__file__] + [os.path.join(os.path.dirname(os.path.abspath(__file__)), f) for f in files]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *paths, "-k", k_expr],
                           env=_child_env(**env_vars), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and " failed" not in proc.stdout
@@ -209,11 +212,14 @@ def test_fp8_suite_on_the_hopper_wgmma_kernel():
     _run_this_file_in_child("(fp8 or odd_head) and not fnuz and not hopper and not many_heads", MLA_DECODE_FP8_KERNEL="wgmma")
 
 
-# The Hopper wide kernel (64 heads per CTA on wgmma) takes bf16 and OCP fp8 calls of H >= 64 by
-# default on an H100/H200 build with 9.0a; these cases aim at its edges: head groups with unused
-# rows (H = 100), forced split counts including empty splits, keys past one 64-key tile and bad
-# indices. The matrix above covers H = 64 and 128 for every layout and q_len.
-@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+# The Hopper wide kernel (64 heads per CTA on wgmma) takes bf16, OCP fp8 and MXFP4 calls of
+# H >= 64 on an H100/H200 build with 9.0a, when the call is big enough (query tokens x keys per
+# item; smaller ones stay on the mma.sync kernel, see wide_kernel_pays_off). These cases aim at
+# its edges: head groups with unused rows (H = 100), forced split counts including empty
+# splits, keys past one 64-key tile and bad indices. Most are below the size threshold, so
+# test_many_heads_on_the_wide_kernel_forced runs them again, with the matrix and the graph
+# replay test, in a child process where MLA_DECODE_*_KERNEL=wide puts every such call on it.
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "mxfp4"])
 @pytest.mark.parametrize("num_heads", [64, 100, 128])
 @pytest.mark.parametrize("num_splits", [0, 1, 3, 64])
 def test_wide_heads(fmt, num_heads, num_splits):
@@ -224,7 +230,7 @@ def test_wide_heads(fmt, num_heads, num_splits):
     check_against_reference(case, out, lse)
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "mxfp4"])
 @pytest.mark.parametrize("layout", ["indices", "paged"])
 def test_wide_heads_long_and_causal(fmt, layout):
     case = make_case(fmt, layout, 128, 3, [4100, 70], seed=91, device=DEV, page_size=64)
@@ -232,7 +238,7 @@ def test_wide_heads_long_and_causal(fmt, layout):
     check_against_reference(case, out, lse)
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "mxfp4"])
 def test_wide_heads_bad_index_gives_nan(fmt):
     case = make_case(fmt, "indices", 128, 1, [150, 20], seed=9, device=DEV)
     case.kv_indices[70] = 10**9  # outside the cache, in the second 64-key tile
@@ -244,10 +250,26 @@ def test_wide_heads_bad_index_gives_nan(fmt):
 
 
 @pytest.mark.skipif(not _hopper_kernel_built(), reason="needs an H100/H200 and a build with TORCH_CUDA_ARCH_LIST 9.0a")
+def test_many_heads_on_the_wide_kernel_forced():
+    """MLA_DECODE_{BF16,FP8,MXFP4}_KERNEL=wide put every H >= 64 call of those formats on the wide
+    kernel, whatever its size: the matrix, the wide-kernel cases and the CUDA-graph replay test
+    with new lengths (test_torch_integration.py), in a child process that selects it."""
+    _run_this_file_in_child("(matrix or wide_heads or graph_replay) and not fnuz", files=("test_torch_integration.py",),
+                            MLA_DECODE_BF16_KERNEL="wide", MLA_DECODE_FP8_KERNEL="wide", MLA_DECODE_MXFP4_KERNEL="wide")
+
+
+@pytest.mark.skipif(not _hopper_kernel_built(), reason="needs an H100/H200 and a build with TORCH_CUDA_ARCH_LIST 9.0a")
 def test_bf16_many_heads_on_the_mma_sync_kernel():
     """MLA_DECODE_BF16_KERNEL=mma (read once per process) keeps H >= 64 bf16 calls on the
     mma.sync kernel: its bf16 tests of this file again, in a child process that selects it."""
     _run_this_file_in_child("bf16 and (matrix or wide_heads)", MLA_DECODE_BF16_KERNEL="mma")
+
+
+@pytest.mark.skipif(not _hopper_kernel_built(), reason="needs an H100/H200 and a build with TORCH_CUDA_ARCH_LIST 9.0a")
+def test_mxfp4_many_heads_on_the_mma_sync_kernel():
+    """MLA_DECODE_MXFP4_KERNEL=mma keeps H >= 64 MXFP4 calls on the mma.sync kernel: the MXFP4
+    matrix and the wide-kernel edge cases, in a child process that selects it."""
+    _run_this_file_in_child("mxfp4 and (matrix or wide_heads)", MLA_DECODE_MXFP4_KERNEL="mma")
 
 
 @pytest.mark.skipif(not _hopper_kernel_built(), reason="needs an H100/H200 and a build with TORCH_CUDA_ARCH_LIST 9.0a")

@@ -45,8 +45,10 @@ def test_torch_compile_fullgraph(device):
 @pytest.mark.parametrize("num_heads", [16, 128])
 def test_cuda_graph_replay_with_new_lengths(fmt, num_splits, num_heads):
     """Capture once, then change lengths (same batch size) and replay (twice). num_splits
-    0: the planned split; 4: a forced split with the combine kernel in the graph. 128 heads:
-    bf16 and fp8 run the Hopper wide kernel where it applies (H100/H200, 9.0a build)."""
+    0: the planned split; 4: a forced split with the combine kernel in the graph. 128 heads: the
+    Hopper wide kernel where it applies (H100/H200, 9.0a build); the call is below its size
+    threshold, so test_gpu.py's test_many_heads_on_the_wide_kernel_forced runs this test again
+    with MLA_DECODE_*_KERNEL=wide."""
     dev = torch.device("cuda")
     case = make_case(fmt, "indptr", num_heads, 1, [200, 50, 0, 400], seed=31, device=dev, extra_rows=600)
     static = dict(q=case.q.clone(), kvp=case.kv_indptr.clone())

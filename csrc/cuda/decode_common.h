@@ -60,16 +60,19 @@ constexpr int kBlockNWgmma = 64;  // tokens per stage of the Hopper fp8 kernel (
 bool fp8_uses_wgmma(const MlaDecodeParams& p);
 cudaError_t launch_fp8_wgmma(const DecodeLaunch& args, cudaStream_t stream);
 
-// Hopper (sm90/decode_wide_sm90.cu): whether a bf16 or OCP fp8 call runs on
-// the wide kernel (64 heads per CTA on wgmma: H >= 64, built with an sm_90a
-// target, a compute capability 9.0 device whose per-block shared memory
-// holds its wide_smem_bytes(), 16-byte aligned cache and query rows, and
-// MLA_DECODE_BF16_KERNEL / MLA_DECODE_FP8_KERNEL not "mma"), and its
-// launcher. Its splits are multiples of wide_tile_tokens() keys and its head
-// groups kWideRows heads.
+// Hopper (sm90/decode_wide_sm90.cu): whether a bf16, OCP fp8 or MXFP4 call
+// may run on the wide kernel (64 heads per CTA on wgmma: H >= 64, built with
+// an sm_90a target, a compute capability 9.0 device whose per-block shared
+// memory holds its wide_smem_bytes(), 16-byte aligned cache and query rows,
+// and MLA_DECODE_BF16_KERNEL / MLA_DECODE_FP8_KERNEL / MLA_DECODE_MXFP4_KERNEL
+// not "mma"); whether the format's switch is "wide", which makes every such
+// call take it (the plan otherwise keeps small calls on the mma.sync kernel);
+// and its launcher. Its splits are multiples of wide_tile_tokens() keys and
+// its head groups kWideRows heads.
 int wide_smem_bytes();
 int wide_tile_tokens();
 bool wide_kernel_applies(const MlaDecodeParams& p, int smem_per_block_optin);
+bool wide_kernel_forced(KvFormat format);
 cudaError_t launch_wide(const DecodeLaunch& args, cudaStream_t stream);
 
 // The compute capability of `dev` as 10 * major + minor in `cc`, queried once

@@ -794,7 +794,7 @@ cudaError_t launch_split_kernel(const DecodeLaunch& args, cudaStream_t stream) {
     // Hopper: both products on the fp8 tensor cores (sm90/decode_kernel_sm90.cuh).
     if (args.fp8_wgmma) return launch_fp8_wgmma(args, stream);
   }
-  if constexpr (F == KvFormat::kBf16 || F == KvFormat::kFp8E4M3FN) {
+  if constexpr (F == KvFormat::kBf16 || F == KvFormat::kFp8E4M3FN || F == KvFormat::kMxfp4) {
     // Hopper, H >= 64: 64 heads per CTA on wgmma (sm90/decode_kernel_wide_sm90.cuh).
     if (args.wide) return launch_wide(args, stream);
   }

@@ -132,6 +132,24 @@ int64_t estimated_kv_len(const MlaDecodeParams& p) {
   return p.num_cache_rows / std::max<int32_t>(p.batch, 1);
 }
 
+#if !MLA_PLATFORM_HIP
+// Whether a call that the wide kernel can run is big enough for it: query
+// tokens x expected keys per item, from shapes only. Below this the wide
+// kernel's fixed costs (each CTA's 72 KB Q load, the three-warpgroup chain per
+// key tile, fp8's two-tile conversion prologue) cost more than its tensor-core
+// rate saves. Measured on the H200 at H = 128 (graph replay, us, wide against
+// mma.sync; docs/performance.md, runs 78-80):
+//   bf16   1 x 1024 13.2 / 11.1, 4 x 1024 14.3 / 16.7
+//   MXFP4  1 x 1024 13.8 / 11.6, 4 x 1024 15.6 / 18.3
+//   fp8    4 x 1024 18.2 / 15.9, 1 x 8192 24.0 / 22.9, 4 x 8192 38.8 / 58.9,
+//          32 x 1024 41.9 / 56.2
+// hence thresholds between the measured crossovers. H = 64 was not measured.
+bool wide_kernel_pays_off(const MlaDecodeParams& p) {
+  const int64_t min_work = p.format == KvFormat::kFp8E4M3FN ? 16384 : 2048;
+  return static_cast<int64_t>(p.total_q) * estimated_kv_len(p) >= min_work;
+}
+#endif
+
 // The split count (and head groups) from shapes only; plan_splits adds the
 // kernel variant.
 //   ctas_per_sm:   CTAs of the split kernel that fit on an SM (shared memory);
@@ -202,7 +220,8 @@ SplitPlan plan_splits(const MlaDecodeParams& p, const DeviceLimits& device, int 
     plan.fp8_wgmma = true;
     return plan;
   }
-  if (wide_kernel_applies(p, device.smem_per_block_optin)) {
+  if (wide_kernel_applies(p, device.smem_per_block_optin) &&
+      (wide_kernel_forced(p.format) || wide_kernel_pays_off(p))) {
     // One CTA per SM (384 threads, ~225 KB of shared memory), 64 heads per CTA,
     // and at least two key tiles per split: with one, each CTA loads its 72 KB
     // of Q for one tile and writes 128 KB of partials. Measured on the H200

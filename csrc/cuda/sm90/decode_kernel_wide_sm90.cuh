@@ -152,8 +152,10 @@ template <int kTileTokens, KvFormat F>
 __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLaunch args) {
   using TT = Tile<kTileTokens>;
   constexpr int kStages = TT::kStages;
-  constexpr bool kFp8 = F == KvFormat::kFp8E4M3FN;
-  static_assert(F == KvFormat::kBf16 || kFp8, "bf16 or OCP fp8");
+  constexpr bool kFp8 = F == KvFormat::kFp8E4M3FN;  // also: f16 operands
+  constexpr bool kMx = F == KvFormat::kMxfp4;
+  constexpr bool kRegLoads = kFp8 || kMx;  // codes through registers, decoded as a tile is stored
+  static_assert(F == KvFormat::kBf16 || kFp8 || kMx, "bf16, OCP fp8 or MXFP4");
 #if MLA_SM90A_DEVICE
   extern __shared__ __align__(1024) uint8_t smem[];
   const MlaDecodeParams& p = args.p;
@@ -192,7 +194,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
 
   if (wg == 0) {
     // ===================== scores and softmax ===============================
-    if constexpr (kFp8) setmaxnreg_dec<kFp8ScoreRegs>();
+    if constexpr (kRegLoads) setmaxnreg_dec<kFp8ScoreRegs>();
     // Q: thread tid copies row tid / 2, chunks tid % 2 + 2m; heads past H
     // (and every head of an orphan token) are zero.
     {
@@ -414,7 +416,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
   } else {
   // ===================== values and loads (wg 1, 2) ===========================
   // (wg 0 does not return early: every warp stays to the end of the kernel.)
-  if constexpr (kFp8) setmaxnreg_inc<kFp8ValueRegs>();
+  if constexpr (kRegLoads) setmaxnreg_inc<kFp8ValueRegs>();
   // Loader: thread lt copies key lt / kLoadersPerToken of a tile, chunks
   // lt % kLoadersPerToken + kLoadersPerToken m: a warp reads 8 rows x 64
   // contiguous bytes per instruction.
@@ -456,21 +458,48 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
   // store_tile. Keys past the split or with a bad index hold zero codes.
   uint4 codes[kHeadDimQK / 16 / 4];  // 9 chunks of 16 codes
   uint32_t codes_bad = 0;            // the warp's bad-key ballot for those codes
+  // MXFP4: thread lt holds 8-byte chunks j = ld_c0 + 4m of its key's 288
+  // code bytes (16 codes, dims 16j..16j+15, half of MX block j / 2) and the
+  // E8M0 byte of each chunk's block. (codes[] above stays unused.)
+  uint2 mx_codes[kHeadDimQK / 16 / 4];
+  uint32_t mx_e[kHeadDimQK / 16 / 4];
   auto fetch_tile = [&](int tile) {
     if (tile < n_tiles) {
       const int64_t r = key_row(tile);
       codes_bad = __ballot_sync(0xffffffffu, r == -1);
-      const uint8_t* src = kv_base + (r >= 0 ? r : 0) * p.kv_row_stride_bytes + 16 * ld_c0;
+      if constexpr (kMx) {
+        const uint8_t* src = kv_base + (r >= 0 ? r : 0) * p.kv_row_stride_bytes + 8 * ld_c0;
+        const uint8_t* sc = p.mx_scale + (r >= 0 ? r : 0) * p.mx_scale_stride_row;
 #pragma unroll
-      for (int m = 0; m < kHeadDimQK / 16 / 4; ++m) {
-        codes[m] = r >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + 64 * m)) : make_uint4(0, 0, 0, 0);
+        for (int m = 0; m < kHeadDimQK / 16 / 4; ++m) {
+          const int blk = (ld_c0 + 4 * m) >> 1;
+          mx_codes[m] = r >= 0 ? __ldg(reinterpret_cast<const uint2*>(src + 32 * m)) : make_uint2(0, 0);
+          mx_e[m] = r >= 0 ? __ldg(sc + blk * p.mx_scale_stride_col) : 0u;
+        }
+      } else {
+        const uint8_t* src = kv_base + (r >= 0 ? r : 0) * p.kv_row_stride_bytes + 16 * ld_c0;
+#pragma unroll
+        for (int m = 0; m < kHeadDimQK / 16 / 4; ++m) {
+          codes[m] = r >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + 64 * m)) : make_uint4(0, 0, 0, 0);
+        }
       }
     }
   };
-  // f16 chunks 2j and 2j + 1 of code chunk j = ld_c0 + 4m sit in column block
-  // m at the same swizzled positions for every m.
+  // f16 / bf16 chunks 2j and 2j + 1 of code chunk j = ld_c0 + 4m sit in
+  // column block m at the same swizzled positions for every m.
   const uint32_t st_lo = kv_smem + ld_token * 128 + (((2 * ld_c0) ^ (ld_token & 7)) << 4);
   const uint32_t st_hi = kv_smem + ld_token * 128 + (((2 * ld_c0 + 1) ^ (ld_token & 7)) << 4);
+  // MXFP4: 8 codes (one 32-bit word, dims 8x..8x+7) to 4 bf16x2 words in dim
+  // order. e2m1_pair_bits<P> gives the pair (code P, code P+4); prmt
+  // regroups them into (0, 1), (2, 3), (4, 5), (6, 7).
+  auto mx_word_to_bf16 = [&](uint32_t w, uint32_t scales, uint32_t (&out)[4]) {
+    const uint32_t d0 = e2m1_pair_bits<0>(w, scales), d1 = e2m1_pair_bits<1>(w, scales);
+    const uint32_t d2 = e2m1_pair_bits<2>(w, scales), d3 = e2m1_pair_bits<3>(w, scales);
+    out[0] = prmt(d0, d1, 0x5410);
+    out[1] = prmt(d2, d3, 0x5410);
+    out[2] = prmt(d0, d1, 0x7632);
+    out[3] = prmt(d2, d3, 0x7632);
+  };
   auto store_tile = [&](int tile) {
     if (tile < n_tiles) {
       const int slot = tile % kStages;
@@ -478,10 +507,21 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
       const uint32_t slot_off = slot * TT::kStageBytes;
 #pragma unroll
       for (int m = 0; m < kHeadDimQK / 16 / 4; ++m) {
-        const uint32_t lo[4] = {e4m3x2_to_f16x2<0>(codes[m].x), e4m3x2_to_f16x2<1>(codes[m].x),
-                                e4m3x2_to_f16x2<0>(codes[m].y), e4m3x2_to_f16x2<1>(codes[m].y)};
-        const uint32_t hi[4] = {e4m3x2_to_f16x2<0>(codes[m].z), e4m3x2_to_f16x2<1>(codes[m].z),
-                                e4m3x2_to_f16x2<0>(codes[m].w), e4m3x2_to_f16x2<1>(codes[m].w)};
+        uint32_t lo[4], hi[4];
+        if constexpr (kMx) {
+          const uint32_t scales = e8m0_to_bf16_scale_pair(mx_e[m]);
+          mx_word_to_bf16(mx_codes[m].x, scales, lo);
+          mx_word_to_bf16(mx_codes[m].y, scales, hi);
+        } else {
+          lo[0] = e4m3x2_to_f16x2<0>(codes[m].x);
+          lo[1] = e4m3x2_to_f16x2<1>(codes[m].x);
+          lo[2] = e4m3x2_to_f16x2<0>(codes[m].y);
+          lo[3] = e4m3x2_to_f16x2<1>(codes[m].y);
+          hi[0] = e4m3x2_to_f16x2<0>(codes[m].z);
+          hi[1] = e4m3x2_to_f16x2<1>(codes[m].z);
+          hi[2] = e4m3x2_to_f16x2<0>(codes[m].w);
+          hi[3] = e4m3x2_to_f16x2<1>(codes[m].w);
+        }
         const uint32_t off = slot_off + m * TT::kBlockBytes;
         asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(st_lo + off), "r"(lo[0]), "r"(lo[1]),
                      "r"(lo[2]), "r"(lo[3])
@@ -496,8 +536,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
   };
   // Tiles 0 .. kStages-1 fill the ring; tile t + kStages is issued into tile
   // t's slot once tile t's PV is done.
-  if constexpr (kFp8) {
-    static_assert(kStages == 2, "fp8: tiles 0 and 1 stored, tile 2 fetched ahead");
+  if constexpr (kRegLoads) {
+    static_assert(kStages == 2, "tiles 0 and 1 stored, tile 2 fetched ahead");
     fetch_tile(0);
     store_tile(0);
     fetch_tile(1);
@@ -543,7 +583,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
       wgmma_m64n256k16_ss_tnspb<kFp8, true>(o, desc_p, desc_v);
     }
     wgmma_commit();
-    if (!kFp8 && t + 1 < n_tiles) {  // tile t+1 landed (tiles up to t + kStages - 1 may be pending): hand it to wg 0
+    if (!kRegLoads && t + 1 < n_tiles) {  // tile t+1 landed (tiles up to t + kStages - 1 may be pending): hand it to wg 0
       cp_async_wait<kStages - 2>();
       fence_proxy_async_shared();
       mbar_arrive(mbar(kMbFull + (t + 1) % kStages));
@@ -553,7 +593,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
     for (int i = 0; i < 128; ++i) pin(o[i]);
     bar_sync(kBarValues, kLoaderThreads);  // both value warpgroups are done with tile t
     if (t + 1 < n_tiles) mbar_arrive(mbar(kMbPEmpty));
-    if constexpr (kFp8) {
+    if constexpr (kRegLoads) {
       store_tile(t + 2);  // into tile t's slot, from the codes fetched one iteration ago
       fetch_tile(t + 3);
     } else {

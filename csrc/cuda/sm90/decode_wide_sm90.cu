@@ -1,4 +1,4 @@
-// The Hopper (sm_90a) wide kernel's launcher (bf16 and OCP fp8 caches with
+// The Hopper (sm_90a) wide kernel's launcher (bf16, OCP fp8 and MXFP4 caches with
 // H >= 64), and the test of whether a call takes it. NVIDIA only: on a ROCm
 // build this translation unit is empty.
 #include "../../mla_decode/portability.h"
@@ -14,21 +14,28 @@ namespace cuda {
 
 namespace {
 
-// Whether the wide kernel may take a call of this format, from the
-// environment (read once per process): MLA_DECODE_BF16_KERNEL=mma keeps bf16
-// on the mma.sync kernel; MLA_DECODE_FP8_KERNEL=mma keeps OCP fp8 on it (and
-// =wgmma selects session 4's fp8 kernel, which the plan checks first).
-// Measured on the H200: docs/performance.md, session 9.
-bool env_value_is(const char* name, const char* value) {
+// The wide kernel's switch for a format, from the environment (read once per
+// process): MLA_DECODE_BF16_KERNEL, MLA_DECODE_FP8_KERNEL (OCP fp8) and
+// MLA_DECODE_MXFP4_KERNEL. "mma" keeps the format on the mma.sync kernel,
+// "wide" puts every call that the wide kernel can run on it (tests, A/B
+// runs), anything else leaves the choice to the plan. MLA_DECODE_FP8_KERNEL=
+// wgmma selects session 4's fp8 kernel, which the plan checks first.
+// Measured on the H200: docs/performance.md, sessions 9 and 10.
+enum class WideSwitch { kOff, kByPlan, kForced };
+WideSwitch read_wide_switch(const char* name) {
   const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, value) == 0;
+  if (v != nullptr && std::strcmp(v, "mma") == 0) return WideSwitch::kOff;
+  if (v != nullptr && std::strcmp(v, "wide") == 0) return WideSwitch::kForced;
+  return WideSwitch::kByPlan;
 }
-bool wide_allowed_by_env(KvFormat format) {
-  static const bool bf16 = !env_value_is("MLA_DECODE_BF16_KERNEL", "mma");
-  static const bool fp8 = !env_value_is("MLA_DECODE_FP8_KERNEL", "mma");
+WideSwitch wide_switch(KvFormat format) {
+  static const WideSwitch bf16 = read_wide_switch("MLA_DECODE_BF16_KERNEL");
+  static const WideSwitch fp8 = read_wide_switch("MLA_DECODE_FP8_KERNEL");
+  static const WideSwitch mxfp4 = read_wide_switch("MLA_DECODE_MXFP4_KERNEL");
   if (format == KvFormat::kBf16) return bf16;
   if (format == KvFormat::kFp8E4M3FN) return fp8;
-  return false;  // e4m3fnuz and MXFP4 have no wide variant
+  if (format == KvFormat::kMxfp4) return mxfp4;
+  return WideSwitch::kOff;  // e4m3fnuz has no wide variant
 }
 
 template <KvFormat F>
@@ -55,7 +62,7 @@ int wide_tile_tokens() { return sm90::wide::kTileTokensDefault; }
 
 bool wide_kernel_applies(const MlaDecodeParams& p, int smem_per_block_optin) {
 #if defined(MLA_DECODE_SM90A)
-  if (p.num_heads < kWideRows || !wide_allowed_by_env(p.format)) return false;
+  if (p.num_heads < kWideRows || wide_switch(p.format) == WideSwitch::kOff) return false;
   if (smem_per_block_optin < wide_smem_bytes()) return false;
   // 16-byte chunks of cache rows (cp.async, or 16-byte loads of fp8 codes)
   // and query rows.
@@ -69,10 +76,13 @@ bool wide_kernel_applies(const MlaDecodeParams& p, int smem_per_block_optin) {
 #endif
 }
 
+bool wide_kernel_forced(KvFormat format) { return wide_switch(format) == WideSwitch::kForced; }
+
 cudaError_t launch_wide(const DecodeLaunch& args, cudaStream_t stream) {
   switch (args.p.format) {
     case KvFormat::kBf16: return launch_wide_format<KvFormat::kBf16>(args, stream);
     case KvFormat::kFp8E4M3FN: return launch_wide_format<KvFormat::kFp8E4M3FN>(args, stream);
+    case KvFormat::kMxfp4: return launch_wide_format<KvFormat::kMxfp4>(args, stream);
     default: return cudaErrorInvalidValue;  // a planning bug, reported by the dispatcher
   }
 }
