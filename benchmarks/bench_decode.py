@@ -10,14 +10,14 @@ One command on a GPU machine:
     ``synchronize; flush L2; event; mla_decode.custom_kernel(data); event; synchronize``,
     i.e. one whole Python call, host overhead included.  Score = geometric mean over the 8
     shapes of the mean time.
-(b) H = 128 sweep: batch {1, 4, 32, 64, 256} x kv {1024, 8192}, torch.ops.mla_decode.decode
+(b) H = 128 sweep (--sweep-heads): batch {1, 4, 32, 64, 256} x kv {1024, 8192}, torch.ops.mla_decode.decode
     captured in a CUDA graph and replayed many times between two events (device time per
     call; no L2 flush, but input copies are rotated so small shapes do not sit in L2).
 (c) Peers when importable: FlashMLA (bf16 paged cache, block 64) and FlashInfer
     (BatchMLAPagedAttentionWrapper).  Skipped with a printed reason otherwise.
 
-Outputs into --out: competition.csv, sweep_h128.csv, results.json, competition.png,
-sweep_h128.png (when matplotlib is there).  The last lines on stdout are a compact summary.
+Outputs into --out: competition.csv, sweep_h128.csv (sweep_h<H>.csv), results.json,
+competition.png, sweep_h128.png (when matplotlib is there).  The last lines on stdout are a compact summary.
 
 Without a GPU the script runs on the CPU on one tiny shape (batch 4, kv 1024): a smoke test
 of the script and of the CPU operator, NOT the GPU protocol.  See benchmarks/README.md.
@@ -689,7 +689,7 @@ def competition(args, device, flusher, peers, rows):
 
 def sweep(args, device, peers, rows):
     """Appends rows (so a crash keeps what was measured)."""
-    heads = 128
+    heads = args.sweep_heads
     shapes = sweep_shapes(device)
     l2 = 0
     if device.type == "cuda":
@@ -701,7 +701,7 @@ def sweep(args, device, peers, rows):
             data = generate_input(b, 1, kv, seed=args.seed, device=device, num_heads=heads)
         except Exception as exc:  # noqa: BLE001
             for fmt in args.formats:
-                rows.append(make_row("sweep_h128", "mla_decode", fmt, b, kv, heads, 1, "-", [], args,
+                rows.append(make_row(f"sweep_h{args.sweep_heads}", "mla_decode", fmt, b, kv, heads, 1, "-", [], args,
                                      error=f"generate_input failed: {type(exc).__name__}: {exc}",
                                      primary="median_us"))
             prog.step(f"B{b} kv{kv}: input generation failed")
@@ -731,7 +731,7 @@ def sweep(args, device, peers, rows):
                 err = f"{type(exc).__name__}: {exc}".replace("\n", " ")
                 if args.verbose:
                     traceback.print_exc()
-            rows.append(make_row("sweep_h128", "mla_decode", fmt, b, kv, heads, 1, method, times, args,
+            rows.append(make_row(f"sweep_h{args.sweep_heads}", "mla_decode", fmt, b, kv, heads, 1, method, times, args,
                                  rel_err=rel, note=note, error=err, copies=copies, primary="median_us"))
         for peer in peers:
             err, times, rel, method, note, copies = "", [], None, "-", "", 1
@@ -749,7 +749,7 @@ def sweep(args, device, peers, rows):
                 err = f"{type(exc).__name__}: {exc}".replace("\n", " ")
                 if args.verbose:
                     traceback.print_exc()
-            rows.append(make_row("sweep_h128", peer.name, peer.fmt, b, kv, heads, 1, method, times, args,
+            rows.append(make_row(f"sweep_h{args.sweep_heads}", peer.name, peer.fmt, b, kv, heads, 1, method, times, args,
                                  rel_err=rel, note=note, error=err, copies=copies, primary="median_us"))
         del data, q, kv_data
         _cleanup(device)
@@ -775,6 +775,9 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="base seed")
     p.add_argument("--skip-competition", action="store_true")
     p.add_argument("--skip-sweep", action="store_true")
+    p.add_argument("--sweep-heads", type=int, default=128,
+                   help="query heads of sweep (b) (default 128: DeepSeek without tensor parallelism; "
+                        "64 is TP2); its CSV is sweep_h<heads>.csv")
     p.add_argument("--quick", action="store_true", help="fewer iterations (a fast look, not a score)")
     p.add_argument("--peers", default="auto",
                    help="comma list among flash_mla,flashinfer, 'auto' (those importable) or 'none'")
@@ -880,20 +883,20 @@ def main(argv=None):
     if not args.skip_sweep:
         log("")
         if device.type == "cuda":
-            log("== (b) H=128 sweep: torch.ops.mla_decode.decode, CUDA-graph replay, no L2 flush "
+            log(f"== (b) H={args.sweep_heads} sweep: torch.ops.mla_decode.decode, CUDA-graph replay, no L2 flush "
                 "(input copies rotated to ~3x L2) ==")
         else:
-            log("== (b) H=128 sweep: torch.ops.mla_decode.decode, CPU eager loop (no graphs on the CPU) ==")
+            log(f"== (b) H={args.sweep_heads} sweep: torch.ops.mla_decode.decode, CPU eager loop (no graphs on the CPU) ==")
         try:
             sweep(args, device, peers, sweep_rows)
         except Exception:  # noqa: BLE001
             log("sweep section aborted:\n" + traceback.format_exc())
-            sweep_rows.append(make_row("sweep_h128", "mla_decode", "-", 0, 0, 128, 1, "-", [], args,
+            sweep_rows.append(make_row(f"sweep_h{args.sweep_heads}", "mla_decode", "-", 0, 0, args.sweep_heads, 1, "-", [], args,
                                        error="section aborted (traceback above)"))
-        print_table(sweep_rows, "H=128 sweep (mean/median/min over timing windows of per-call time; GB/s, "
+        print_table(sweep_rows, f"H={args.sweep_heads} sweep (mean/median/min over timing windows of per-call time; GB/s, "
                     "TFLOP/s, %floor from the median;\n floor = max(memory, compute), m/c = which one binds)",
                     "mean", True)
-        write_csv(out_dir / "sweep_h128.csv", sweep_rows)
+        write_csv(out_dir / f"sweep_h{args.sweep_heads}.csv", sweep_rows)
 
     comp_sum = summarize(comp_rows, len(comp_shapes(device)))
     sweep_sum = {}
@@ -906,13 +909,13 @@ def main(argv=None):
         plots["competition.png"] = plot(comp_rows, out_dir / "competition.png",
                                         f"competition protocol H=16 ({meta.get('gpu') or 'CPU'})")
     if sweep_rows:
-        plots["sweep_h128.png"] = plot(sweep_rows, out_dir / "sweep_h128.png",
-                                       f"H=128 sweep ({meta.get('gpu') or 'CPU, eager loop'})", "median_us")
+        plots[f"sweep_h{args.sweep_heads}.png"] = plot(sweep_rows, out_dir / f"sweep_h{args.sweep_heads}.png",
+                                       f"H={args.sweep_heads} sweep ({meta.get('gpu') or 'CPU, eager loop'})", "median_us")
     meta["plots"] = plots
     meta["elapsed_s"] = round(time.time() - t_start, 1)
     with open(out_dir / "results.json", "w") as fh:
-        json.dump({"meta": meta, "summary": {"competition": comp_sum, "sweep_h128": sweep_sum},
-                   "competition": comp_rows, "sweep_h128": sweep_rows}, fh, indent=1, default=str)
+        json.dump({"meta": meta, "summary": {"competition": comp_sum, f"sweep_h{args.sweep_heads}": sweep_sum},
+                   "competition": comp_rows, f"sweep_h{args.sweep_heads}": sweep_rows}, fh, indent=1, default=str)
 
     # ---- compact summary: keep these the LAST lines of stdout ----
     log("")
@@ -931,7 +934,7 @@ def main(argv=None):
                 f"   {_f(s['pct_floor'], '{:.0f}')}% of floor{inc}")
     if sweep_sum:
         methods = sorted({r["method"] for r in sweep_rows if not r["error"]})
-        log(f"sweep H=128 geomean of medians ({', '.join(methods) or '-'}), floor = max(mem, compute):")
+        log(f"sweep H={args.sweep_heads} geomean of medians ({', '.join(methods) or '-'}), floor = max(mem, compute):")
         for lab, s in sweep_sum.items():
             inc = "" if s["shapes"] == s["of"] else f"  INCOMPLETE {s['shapes']}/{s['of']} shapes"
             log(f"  {lab:<18} {_f(s['geomean_us']):>9} us   floor {_f(s['geomean_floor_us']):>7} us"

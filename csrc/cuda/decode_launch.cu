@@ -137,15 +137,20 @@ int64_t estimated_kv_len(const MlaDecodeParams& p) {
 // tokens x expected keys per item, from shapes only. Below this the wide
 // kernel's fixed costs (each CTA's 72 KB Q load, the three-warpgroup chain per
 // key tile, fp8's two-tile conversion prologue) cost more than its tensor-core
-// rate saves. Measured on the H200 at H = 128 (graph replay, us, wide against
-// mma.sync; docs/performance.md, runs 78-80):
-//   bf16   1 x 1024 13.2 / 11.1, 4 x 1024 14.3 / 16.7
-//   MXFP4  1 x 1024 13.8 / 11.6, 4 x 1024 15.6 / 18.3
-//   fp8    4 x 1024 18.2 / 15.9, 1 x 8192 24.0 / 22.9, 4 x 8192 38.8 / 58.9,
-//          32 x 1024 41.9 / 56.2
-// hence thresholds between the measured crossovers. H = 64 was not measured.
+// rate saves. Measured on the H200 (graph replay, us, wide against mma.sync;
+// docs/performance.md, runs 78-84):
+//   H = 128 (two wide head groups against eight mma.sync ones):
+//     bf16   1 x 1024 13.2 / 11.1, 4 x 1024 14.3 / 16.7
+//     MXFP4  1 x 1024 13.8 / 11.6, 4 x 1024 15.6 / 18.3
+//     fp8    4 x 1024 18.2 / 15.9, 1 x 8192 24.0 / 22.9, 4 x 8192 38.8 / 58.9
+//   H = 64 (one wide head group against four):
+//     bf16   4 x 1024 13.6 / 13.2, 1 x 8192 19.2 / 17.6, 4 x 8192 27.3 / 41.3
+//     MXFP4  4 x 1024 14.8 / 14.1, 1 x 8192 21.8 / 21.2, 4 x 8192 27.0 / 46.6
+//     fp8    4 x 1024 17.4 / 14.0, 1 x 8192 23.1 / 16.9, 4 x 8192 29.0 / 35.1
+// hence thresholds between the measured crossovers.
 bool wide_kernel_pays_off(const MlaDecodeParams& p) {
-  const int64_t min_work = p.format == KvFormat::kFp8E4M3FN ? 16384 : 2048;
+  const bool one_head_group = p.num_heads <= kWideRows;
+  const int64_t min_work = (p.format == KvFormat::kFp8E4M3FN || one_head_group) ? 16384 : 2048;
   return static_cast<int64_t>(p.total_q) * estimated_kv_len(p) >= min_work;
 }
 #endif
