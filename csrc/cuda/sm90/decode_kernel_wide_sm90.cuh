@@ -108,23 +108,12 @@ enum NamedBarrier : int {
 };
 // mbarriers, in this order in Smem::kBars; arrivals per phase in brackets.
 enum MBarrier : int {
-  kMbFull = 0,          // + 9 slot + column block [256: wg 1, 2]: landed; one phase per use of the slot
-  kMbPFull = 18,        // [128: wg 0]: P and alpha of tile t stored; phase t
-  kMbPEmpty = 19,       // [256: wg 1, 2]: tile t's PV complete; phase t
-  kMbFinal = 20,        // [128: wg 0]: the final (m, l) rows stored
-  kMbCount = 21,
+  kMbFull = 0,          // + slot [256: wg 1, 2]: tile landed; one phase per use of the slot
+  kMbPFull = 2,         // [128: wg 0]: P and alpha of tile t stored; phase t
+  kMbPEmpty = 3,        // [256: wg 1, 2]: tile t's PV complete; phase t
+  kMbFinal = 4,         // [128: wg 0]: the final (m, l) rows stored
+  kMbCount = 5,
 };
-
-// cp.async.wait_group with a count known only after unrolling (the
-// instruction takes an immediate): the branches fold to one.
-template <int kMax>
-__device__ __forceinline__ void cp_async_wait_unrolled(int n) {
-  if (n >= kMax) {
-    cp_async_wait<kMax>();
-  } else if constexpr (kMax > 0) {
-    cp_async_wait_unrolled<kMax - 1>(n);
-  }
-}
 
 struct Smem {
   static constexpr int kQ = 0;
@@ -159,7 +148,7 @@ constexpr int kFp8ValueRegs = 200;
 // it, so both products run on f16 wgmma; the codes of tile t+2 are loaded
 // into registers one tile ahead (global loads, not cp.async: the conversion
 // needs them in registers).
-template <int kTileTokens, KvFormat F, bool kBlockLanding>
+template <int kTileTokens, KvFormat F>
 __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLaunch args) {
   using TT = Tile<kTileTokens>;
   constexpr int kStages = TT::kStages;
@@ -167,7 +156,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
   constexpr bool kMx = F == KvFormat::kMxfp4;
   constexpr bool kRegLoads = kFp8 || kMx;  // codes through registers, decoded as a tile is stored
   static_assert(F == KvFormat::kBf16 || kFp8 || kMx, "bf16, OCP fp8 or MXFP4");
-  static_assert(!(kBlockLanding && kRegLoads), "column-block landing: bf16 (cp.async) only");
 #if MLA_SM90A_DEVICE
   extern __shared__ __align__(1024) uint8_t smem[];
   const MlaDecodeParams& p = args.p;
@@ -194,11 +182,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
   const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
   const uint32_t bars = smem_base + Smem::kBars;
   auto mbar = [&](int i) { return bars + 8 * i; };
-  // Full barrier of column block `blk` of `slot` (kBlockLanding: QK starts on
-  // the blocks that have landed; otherwise block 0's stands for the tile).
-  auto full_bar = [&](int slot, int blk) { return mbar(kMbFull + slot * kColBlocks + blk); };
   if (tid == 0) {
-    for (int i = 0; i < kStages * kColBlocks; ++i) mbar_init(mbar(kMbFull + i), kLoaderThreads);
+    for (int i = 0; i < kStages; ++i) mbar_init(mbar(kMbFull + i), kLoaderThreads);
     mbar_init(mbar(kMbPFull), 128);
     mbar_init(mbar(kMbPEmpty), kLoaderThreads);
     mbar_init(mbar(kMbFinal), 128);
@@ -292,8 +277,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
     for (int t = 0; t < n_tiles; ++t) {
       const int slot = t % kStages;
       const uint32_t stage = kv_smem + slot * TT::kStageBytes;
-      const uint32_t full_parity = (t / kStages) & 1;
-      if (!kBlockLanding) mbar_wait(full_bar(slot, 0), full_parity);  // tile t landed
+      mbar_wait(mbar(kMbFull + slot), (t / kStages) & 1);  // tile t landed
 
       float s[TT::kAcc];
       wgmma_fence();
@@ -308,7 +292,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
         // instructions per wgmma, run73.)
         const uint64_t desc_q = desc_q0 + (((ks / 4) * kQBlockBytes + (ks % 4) * 32) >> 4);
         const uint64_t desc_k = desc_k0 + (((ks / 4) * TT::kBlockBytes + (ks % 4) * 32) >> 4);
-        if (kBlockLanding && ks % 4 == 0) mbar_wait(full_bar(slot, ks / 4), full_parity);  // block landed
         if (ks == 0) wgmma_m64n64k16_ss<kFp8, false>(s, desc_q, desc_k);
         else wgmma_m64n64k16_ss<kFp8, true>(s, desc_q, desc_k);
       }
@@ -465,30 +448,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
         constexpr int kStep = TT::kLoadersPerToken;
         const int within = (ld_c0 + ((kStep * m) & 7)) ^ (ld_token & 7);  // chunk % 8, swizzled
         cp_async_16(dst + ((kStep * m) >> 3) * TT::kBlockBytes + (within << 4), src + 16 * kStep * m, src_bytes);
-        if (kBlockLanding && (kStep * (m + 1)) % 8 == 0) cp_async_commit();  // a column block per group
       }
-    } else if (kBlockLanding) {
-#pragma unroll
-      for (int b = 0; b < kColBlocks; ++b) cp_async_commit();  // empty groups past the end
     }
-    if (!kBlockLanding) cp_async_commit();  // one group per tile, empty past the end
-  };
-  // bf16: tile `tile`'s copies have landed (groups after them: `later` whole
-  // tiles), fenced for the tensor cores; one arrival per block or per tile.
-  auto land_tile = [&](int tile, int later) {
-    const int slot = tile % kStages;
-    if constexpr (kBlockLanding) {
-#pragma unroll
-      for (int b = 0; b < kColBlocks; ++b) {
-        cp_async_wait_unrolled<2 * kColBlocks>(kColBlocks * later + kColBlocks - 1 - b);
-        fence_proxy_async_shared();
-        mbar_arrive(full_bar(slot, b));
-      }
-    } else {
-      cp_async_wait_unrolled<2>(later);
-      fence_proxy_async_shared();
-      mbar_arrive(full_bar(slot, 0));
-    }
+    cp_async_commit();  // one group per tile, empty past the end
   };
   // fp8: the same thread-to-chunk map on the codes (16-byte chunk j of a row
   // is 16 codes, dims 16j..16j+15, which become the f16 chunks 2j and 2j+1),
@@ -569,7 +531,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
                      : "memory");
       }
       fence_proxy_async_shared();
-      mbar_arrive(full_bar(slot, 0));
+      mbar_arrive(mbar(kMbFull + slot));
     }
   };
   // Tiles 0 .. kStages-1 fill the ring; tile t + kStages is issued into tile
@@ -584,7 +546,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
   } else {
 #pragma unroll
     for (int j = 0; j < kStages; ++j) issue_tile(j);
-    if (n_tiles > 0) land_tile(0, kStages - 1);
+    if (n_tiles > 0) {
+      cp_async_wait<kStages - 1>();
+      fence_proxy_async_shared();
+      mbar_arrive(mbar(kMbFull + 0));
+    }
   }
 
   float o[128];
@@ -618,7 +584,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
     }
     wgmma_commit();
     if (!kRegLoads && t + 1 < n_tiles) {  // tile t+1 landed (tiles up to t + kStages - 1 may be pending): hand it to wg 0
-      land_tile(t + 1, kStages - 2);
+      cp_async_wait<kStages - 2>();
+      fence_proxy_async_shared();
+      mbar_arrive(mbar(kMbFull + (t + 1) % kStages));
     }
     wgmma_wait<0>();
 #pragma unroll

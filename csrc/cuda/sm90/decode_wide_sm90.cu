@@ -38,31 +38,18 @@ WideSwitch wide_switch(KvFormat format) {
   return WideSwitch::kOff;  // e4m3fnuz has no wide variant
 }
 
-template <KvFormat F, bool kBlockLanding>
-cudaError_t launch_wide_variant(const DecodeLaunch& args, cudaStream_t stream) {
+template <KvFormat F>
+cudaError_t launch_wide_format(const DecodeLaunch& args, cudaStream_t stream) {
   constexpr int kTileTokens = sm90::wide::kTileTokensDefault;
   constexpr int kSmem = sm90::wide::Smem::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
   static unsigned long long configured_devices = 0;
-  const cudaError_t err = opt_in_dynamic_smem(sm90::wide::decode_wide_kernel<kTileTokens, F, kBlockLanding>, kSmem,
-                                              configured_devices);
+  const cudaError_t err =
+      opt_in_dynamic_smem(sm90::wide::decode_wide_kernel<kTileTokens, F>, kSmem, configured_devices);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(args.p.total_q) * args.head_groups, args.num_splits);
-  sm90::wide::decode_wide_kernel<kTileTokens, F, kBlockLanding><<<grid, sm90::wide::kThreads, kSmem, stream>>>(args);
+  sm90::wide::decode_wide_kernel<kTileTokens, F><<<grid, sm90::wide::kThreads, kSmem, stream>>>(args);
   return cudaGetLastError();
-}
-
-template <KvFormat F>
-cudaError_t launch_wide_format(const DecodeLaunch& args, cudaStream_t stream) {
-  // TEMPORARY A/B (session 10): MLA_DECODE_EXP=1 lands bf16 tiles per column block.
-  static const bool per_block = [] {
-    const char* v = std::getenv("MLA_DECODE_EXP");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
-  if constexpr (F == KvFormat::kBf16) {
-    if (per_block) return launch_wide_variant<F, true>(args, stream);
-  }
-  return launch_wide_variant<F, false>(args, stream);
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
