@@ -40,8 +40,9 @@ struct SplitPlan {
   // NVIDIA OCP fp8: the call runs on the Hopper wgmma kernel (fp8_uses_wgmma,
   // decided once here, so the plan and the launch cannot disagree).
   bool fp8_wgmma = false;
-  // NVIDIA bf16 / OCP fp8 with H >= 64 on Hopper: the call runs on the wide
-  // kernel (64 heads per CTA, wgmma; wide_kernel_applies).
+  // NVIDIA bf16 / OCP fp8 / MXFP4 with H >= 64 on Hopper, above the size
+  // threshold: the call runs on the wide kernel (64 heads per CTA, wgmma;
+  // wide_kernel_applies, wide_kernel_pays_off).
   bool wide = false;
 };
 

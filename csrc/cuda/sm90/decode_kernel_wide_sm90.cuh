@@ -1,5 +1,5 @@
-// Split-KV MLA decode for a bf16 or OCP fp8 cache on Hopper (sm_90a) with
-// many heads (H >= 64): the "wide" kernel. 64 heads of one query token share every K/V
+// Split-KV MLA decode for a bf16, OCP fp8 or MXFP4 cache on Hopper (sm_90a)
+// with many heads (H >= 64): the "wide" kernel. 64 heads of one query token share every K/V
 // tile, so each key is read and fed to the tensor cores once per 64 heads
 // (the mma.sync kernel reads it once per 16, from shared memory into
 // registers, for every head group). Both products run on wgmma with their
@@ -14,16 +14,17 @@
 // (shared memory).
 //   wg 0 (scores):   S = Q K^T for a 64-token tile (wgmma m64n64k16, 36
 //                    k-steps, Q and K both K-major in shared memory), the
-//                    online softmax in registers, P (bf16) and the per-row
-//                    rescale factor alpha to shared memory.
+//                    online softmax in registers, P (bf16; f16 for fp8) and
+//                    the per-row rescale factor alpha to shared memory.
 //   wg 1, 2 (values): O = alpha O + P V for value dims [256 (wg - 1), +256)
 //                    (wgmma m64n256k16, 4 k-steps, P K-major, V N-major: the
 //                    same stored tile read transposed), and all the loads of
-//                    K/V tiles (bf16: cp.async of 16-byte chunks; fp8: the
-//                    codes of tile t+2 are loaded into registers while tile
-//                    t's PV runs and converted to f16 into its slot after it,
-//                    so both products run on f16 wgmma with Q scaled per head
-//                    into f16).
+//                    K/V tiles (bf16: cp.async of 16-byte chunks; fp8 and
+//                    MXFP4: the codes of tile t+2 are loaded into registers
+//                    while tile t's PV runs and converted into its slot after
+//                    it: fp8 to f16, so both products run on f16 wgmma with Q
+//                    scaled per head into f16; MXFP4 decoded with its block
+//                    scales to bf16, whose range they need).
 // So tile t's scores (wg 0) run while tile t-1's values (wg 1, 2) run, and
 // the tensor cores see both.
 //
