@@ -4,7 +4,8 @@
 # compute-sanitizer, and leave logs under $OUT (or ./gpu_out).
 #   Usage: scripts/gpu_check.sh [tests] [bench] [ab] [sanitize]
 #   tests     the whole pytest suite
-#   bench     benchmarks/bench_decode.py (competition protocol + H = 128 sweep)
+#   bench     benchmarks/bench_decode.py (competition protocol + H = 128 sweep),
+#             then the H = 64 sweep (SWEEP_H64=0 skips it)
 #   ab        the competition protocol only, alternately with MLA_DECODE_EXP (or the
 #             variable named by $AB_VAR) set to each value of $AB (default
 #             "0 1 0 1"), for an experiment switch read by the code under test;
@@ -54,8 +55,14 @@ for step in $steps; do
       grep -E "passed|failed|Timeout|Error" "$OUT/pytest.log" | tail -8 ;;
     bench)
       timeout "$BENCH_S" python3 benchmarks/bench_decode.py --no-progress --out "$OUT/bench" > "$OUT/bench.log" 2>&1 || rc=1
-      rm -f "$OUT"/bench/*.png "$OUT"/bench/results.json  # the device returns few files; the CSVs and the log suffice
-      sed -n '/^SUMMARY/,$p' "$OUT/bench.log" ;;
+      sed -n '/^SUMMARY/,$p' "$OUT/bench.log"
+      # The H = 64 sweep too (TP2; the wide kernel's other head count), unless SWEEP_H64=0.
+      if [ "${SWEEP_H64:-1}" != 0 ]; then
+        timeout "$BENCH_S" python3 benchmarks/bench_decode.py --no-progress --skip-competition --sweep-heads 64 \
+          --out "$OUT/bench/h64" > "$OUT/bench_h64.log" 2>&1 || rc=1
+        grep -A4 "^sweep H=64 geomean" "$OUT/bench_h64.log"
+      fi
+      rm -f "$OUT"/bench/*.png "$OUT"/bench/results.json "$OUT"/bench/h64/*.png "$OUT"/bench/h64/results.json "$OUT"/bench/h64/competition.csv ;;  # the device returns few files; the CSVs and the logs suffice
     ab)
       : > "$OUT/ab.log"
       for e in ${AB:-0 1 0 1}; do
