@@ -687,9 +687,15 @@ def competition(args, device, flusher, peers, rows):
     prog.close()
 
 
+def sweep_section(args):
+    """The sweep's section name: its rows' `section`, its CSV / PNG stem and its results.json key."""
+    return f"sweep_h{args.sweep_heads}"
+
+
 def sweep(args, device, peers, rows):
     """Appends rows (so a crash keeps what was measured)."""
     heads = args.sweep_heads
+    section = sweep_section(args)
     shapes = sweep_shapes(device)
     l2 = 0
     if device.type == "cuda":
@@ -701,7 +707,7 @@ def sweep(args, device, peers, rows):
             data = generate_input(b, 1, kv, seed=args.seed, device=device, num_heads=heads)
         except Exception as exc:  # noqa: BLE001
             for fmt in args.formats:
-                rows.append(make_row(f"sweep_h{args.sweep_heads}", "mla_decode", fmt, b, kv, heads, 1, "-", [], args,
+                rows.append(make_row(section, "mla_decode", fmt, b, kv, heads, 1, "-", [], args,
                                      error=f"generate_input failed: {type(exc).__name__}: {exc}",
                                      primary="median_us"))
             prog.step(f"B{b} kv{kv}: input generation failed")
@@ -731,7 +737,7 @@ def sweep(args, device, peers, rows):
                 err = f"{type(exc).__name__}: {exc}".replace("\n", " ")
                 if args.verbose:
                     traceback.print_exc()
-            rows.append(make_row(f"sweep_h{args.sweep_heads}", "mla_decode", fmt, b, kv, heads, 1, method, times, args,
+            rows.append(make_row(section, "mla_decode", fmt, b, kv, heads, 1, method, times, args,
                                  rel_err=rel, note=note, error=err, copies=copies, primary="median_us"))
         for peer in peers:
             err, times, rel, method, note, copies = "", [], None, "-", "", 1
@@ -749,7 +755,7 @@ def sweep(args, device, peers, rows):
                 err = f"{type(exc).__name__}: {exc}".replace("\n", " ")
                 if args.verbose:
                     traceback.print_exc()
-            rows.append(make_row(f"sweep_h{args.sweep_heads}", peer.name, peer.fmt, b, kv, heads, 1, method, times, args,
+            rows.append(make_row(section, peer.name, peer.fmt, b, kv, heads, 1, method, times, args,
                                  rel_err=rel, note=note, error=err, copies=copies, primary="median_us"))
         del data, q, kv_data
         _cleanup(device)
@@ -891,12 +897,12 @@ def main(argv=None):
             sweep(args, device, peers, sweep_rows)
         except Exception:  # noqa: BLE001
             log("sweep section aborted:\n" + traceback.format_exc())
-            sweep_rows.append(make_row(f"sweep_h{args.sweep_heads}", "mla_decode", "-", 0, 0, args.sweep_heads, 1, "-", [], args,
+            sweep_rows.append(make_row(sweep_section(args), "mla_decode", "-", 0, 0, args.sweep_heads, 1, "-", [], args,
                                        error="section aborted (traceback above)"))
         print_table(sweep_rows, f"H={args.sweep_heads} sweep (mean/median/min over timing windows of per-call time; GB/s, "
                     "TFLOP/s, %floor from the median;\n floor = max(memory, compute), m/c = which one binds)",
                     "mean", True)
-        write_csv(out_dir / f"sweep_h{args.sweep_heads}.csv", sweep_rows)
+        write_csv(out_dir / f"{sweep_section(args)}.csv", sweep_rows)
 
     comp_sum = summarize(comp_rows, len(comp_shapes(device)))
     sweep_sum = {}
@@ -909,13 +915,13 @@ def main(argv=None):
         plots["competition.png"] = plot(comp_rows, out_dir / "competition.png",
                                         f"competition protocol H=16 ({meta.get('gpu') or 'CPU'})")
     if sweep_rows:
-        plots[f"sweep_h{args.sweep_heads}.png"] = plot(sweep_rows, out_dir / f"sweep_h{args.sweep_heads}.png",
+        plots[f"{sweep_section(args)}.png"] = plot(sweep_rows, out_dir / f"{sweep_section(args)}.png",
                                        f"H={args.sweep_heads} sweep ({meta.get('gpu') or 'CPU, eager loop'})", "median_us")
     meta["plots"] = plots
     meta["elapsed_s"] = round(time.time() - t_start, 1)
     with open(out_dir / "results.json", "w") as fh:
-        json.dump({"meta": meta, "summary": {"competition": comp_sum, f"sweep_h{args.sweep_heads}": sweep_sum},
-                   "competition": comp_rows, f"sweep_h{args.sweep_heads}": sweep_rows}, fh, indent=1, default=str)
+        json.dump({"meta": meta, "summary": {"competition": comp_sum, sweep_section(args): sweep_sum},
+                   "competition": comp_rows, sweep_section(args): sweep_rows}, fh, indent=1, default=str)
 
     # ---- compact summary: keep these the LAST lines of stdout ----
     log("")

@@ -62,7 +62,7 @@ for step in $steps; do
           --out "$OUT/bench/h64" > "$OUT/bench_h64.log" 2>&1 || rc=1
         grep -A4 "^sweep H=64 geomean" "$OUT/bench_h64.log"
       fi
-      rm -f "$OUT"/bench/*.png "$OUT"/bench/results.json "$OUT"/bench/h64/*.png "$OUT"/bench/h64/results.json "$OUT"/bench/h64/competition.csv ;;  # the device returns few files; the CSVs and the logs suffice
+      rm -f "$OUT"/bench/*.png "$OUT"/bench/results.json "$OUT"/bench/h64/*.png "$OUT"/bench/h64/results.json ;;  # the device returns few files; the CSVs and the logs suffice
     ab)
       : > "$OUT/ab.log"
       for e in ${AB:-0 1 0 1}; do
