@@ -14,7 +14,8 @@
 #   sanitize  compute-sanitizer on scripts/sanitize_cases.py, each tool of
 #             $SANITIZE_TOOLS (default: memcheck racecheck synccheck initcheck),
 #             again with the Hopper wide kernel forced for H >= 64
-#             (MLA_DECODE_*_KERNEL=wide), and for the fp8 cases on the opt-in
+#             (MLA_DECODE_*_KERNEL=wide), with the narrow kernel forced for
+#             fp8 / MXFP4 at H < 64, and for the fp8 cases on the opt-in
 #             Hopper kernel (MLA_DECODE_FP8_KERNEL=wgmma)
 # GIT_COMMIT=<sha> labels the logs and the benchmark's output; pass it on the
 # lent device, whose copy of .git can be stale (else: git rev-parse HEAD).
@@ -83,6 +84,12 @@ for step in $steps; do
           > "$OUT/sanitize_${tool}_wide.log" 2>&1
         r=$?; [ $r -ne 0 ] && rc=1
         echo "compute-sanitizer $tool (wide kernel forced): rc=$r $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_${tool}_wide.log" | tail -1)"
+        # The Hopper narrow kernel (H < 64, fp8 and MXFP4), forced onto the small cases.
+        MLA_DECODE_FP8_KERNEL=narrow MLA_DECODE_MXFP4_KERNEL=narrow timeout "$SANITIZE_S" \
+          compute-sanitizer --tool $tool --error-exitcode 9 python3 scripts/sanitize_cases.py ${SANITIZE_FORMATS:-} \
+          > "$OUT/sanitize_${tool}_narrow.log" 2>&1
+        r=$?; [ $r -ne 0 ] && rc=1
+        echo "compute-sanitizer $tool (narrow kernel forced): rc=$r $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_${tool}_narrow.log" | tail -1)"
         case " ${SANITIZE_FORMATS:-fp8} " in *" fp8 "*) ;; *) continue ;; esac
         MLA_DECODE_FP8_KERNEL=wgmma timeout "$SANITIZE_S" compute-sanitizer --tool $tool --error-exitcode 9 \
           python3 scripts/sanitize_cases.py fp8 > "$OUT/sanitize_${tool}_wgmma.log" 2>&1

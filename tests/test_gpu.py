@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import mla_decode
-from cases import FORMATS, LAYOUTS, check_against_reference, make_case
+from cases import FORMATS, LAYOUTS, SM_SCALE, check_against_reference, make_case
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")]
 DEV = torch.device("cuda")
@@ -125,6 +125,31 @@ def test_fp8_subnormal_codes_are_not_flushed():
                                                   case.qo_indptr.cpu(), 1 / 24, kv_indptr=case.kv_indptr.cpu())
     out, lse = torch.ops.mla_decode.decode(*case.args(), 0)
     check_against_reference(case, out, lse)
+
+
+def test_mxfp4_block_scales_across_the_range():
+    """MXFP4 block scales E in [0, 5), [122, 129) and [129, 131), by groups of 64 rows (a tile):
+    the kernels that multiply by 2^(E-1) once when it is a normal bf16 (E <= 128) and by two
+    factors otherwise must both decode exactly, as must the tiny products of E near 0. (The
+    scales stay moderate: at E ~ 140 the scores reach ~1e4 and fp32 rounding of the score alone
+    exceeds the absolute LSE tolerance.)"""
+    case = make_case("mxfp4", "indptr", 16, 1, [700, 300], seed=21, device=DEV)
+    gen = torch.Generator().manual_seed(3)
+    rows = case.kv_scale.shape[0]
+    group = (torch.arange(rows) // 64) % 3
+    low = torch.tensor([0, 122, 129])[group]
+    width = torch.tensor([5, 7, 2])[group]
+    exps = low[:, None] + (torch.rand(rows, case.kv_scale.shape[1], generator=gen) * width[:, None]).long()
+    used = slice(5, 5 + 1000)  # make_case's indptr layout: the items' rows
+    scale = case.kv_scale.cpu()
+    scale[used] = exps[used].to(scale.dtype)
+    case.kv_scale = scale.to(DEV)
+    from mla_decode.reference import dequantize_cache, reference_decode
+    case.ref_out, case.ref_lse = reference_decode(case.q.cpu(), dequantize_cache(case.kv.cpu(), scale),
+                                                  case.qo_indptr.cpu(), SM_SCALE, kv_indptr=case.kv_indptr.cpu())
+    for num_splits in (0, 1, 3):
+        out, lse = torch.ops.mla_decode.decode(*case.args(), num_splits)
+        check_against_reference(case, out, lse)
 
 
 def test_bad_index_gives_nan_not_a_crash():
@@ -256,6 +281,19 @@ def test_many_heads_on_the_wide_kernel_forced():
     with new lengths (test_torch_integration.py), in a child process that selects it."""
     _run_this_file_in_child("(matrix or wide_heads or graph_replay) and not fnuz", files=("test_torch_integration.py",),
                             MLA_DECODE_BF16_KERNEL="wide", MLA_DECODE_FP8_KERNEL="wide", MLA_DECODE_MXFP4_KERNEL="wide")
+
+
+@pytest.mark.skipif(not _hopper_kernel_built(), reason="needs an H100/H200 and a build with TORCH_CUDA_ARCH_LIST 9.0a")
+def test_fp8_and_mxfp4_on_the_narrow_kernel():
+    """MLA_DECODE_FP8_KERNEL=narrow / MLA_DECODE_MXFP4_KERNEL=narrow put every H < 64 call of
+    those formats on the Hopper narrow kernel (MXFP4 takes it by default only from 16k query
+    tokens x keys, fp8 only when opted in): their tests of this file (the matrix, forced
+    splits, odd head counts, NaN rows, bad indices, extreme block scales, alternating shapes)
+    and the graph replay test, in a child process that selects it."""
+    _run_this_file_in_child("(fp8 or mxfp4 or odd_head or graph_replay) and not fnuz and not hopper and "
+                            "not many_heads and not narrow and not bf16",
+                            files=("test_torch_integration.py",),
+                            MLA_DECODE_FP8_KERNEL="narrow", MLA_DECODE_MXFP4_KERNEL="narrow")
 
 
 @pytest.mark.skipif(not _hopper_kernel_built(), reason="needs an H100/H200 and a build with TORCH_CUDA_ARCH_LIST 9.0a")

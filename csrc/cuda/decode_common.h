@@ -48,6 +48,7 @@ struct DecodeLaunch {
   int32_t stages;      // SplitPlan::stages (host-side kernel choice)
   bool fp8_wgmma;      // SplitPlan::fp8_wgmma (host-side kernel choice)
   bool wide;           // SplitPlan::wide (host-side kernel choice)
+  bool narrow;         // SplitPlan::narrow (host-side kernel choice)
 };
 
 constexpr int kBlockNWgmma = 64;  // tokens per stage of the Hopper fp8 kernel (below)
@@ -74,6 +75,19 @@ int wide_tile_tokens();
 bool wide_kernel_applies(const MlaDecodeParams& p, int smem_per_block_optin);
 bool wide_kernel_forced(KvFormat format);
 cudaError_t launch_wide(const DecodeLaunch& args, cudaStream_t stream);
+
+// Hopper (sm90/decode_narrow_sm90.cu): whether an OCP fp8 or MXFP4 call with
+// H < 64 can run on the narrow kernel (an sm_90a build and device, per-block
+// shared memory for narrow_smem_bytes(), 16-byte aligned rows, and the
+// format's switch not off: MXFP4 by default, fp8 only with
+// MLA_DECODE_FP8_KERNEL=narrow), whether the switch forces it regardless of
+// size, and its launcher. Splits are multiples of narrow_tile_tokens() keys,
+// head groups kNarrowRows heads.
+int narrow_smem_bytes();
+int narrow_tile_tokens();
+bool narrow_kernel_applies(const MlaDecodeParams& p, int smem_per_block_optin);
+bool narrow_kernel_forced(KvFormat format);
+cudaError_t launch_narrow(const DecodeLaunch& args, cudaStream_t stream);
 
 // The compute capability of `dev` as 10 * major + minor in `cc`, queried once
 // per device and cached.

@@ -798,6 +798,10 @@ cudaError_t launch_split_kernel(const DecodeLaunch& args, cudaStream_t stream) {
     // Hopper, H >= 64: 64 heads per CTA on wgmma (sm90/decode_kernel_wide_sm90.cuh).
     if (args.wide) return launch_wide(args, stream);
   }
+  if constexpr (F == KvFormat::kFp8E4M3FN || F == KvFormat::kMxfp4) {
+    // Hopper, H < 64, opted in: keys as the M of wgmma (sm90/decode_kernel_narrow_sm90.cuh).
+    if (args.narrow) return launch_narrow(args, stream);
+  }
   const dim3 grid(static_cast<unsigned>(args.p.total_q) * args.head_groups, args.num_splits);
   using T = FormatTraits<F>;
   if (args.stages == T::kStages) return launch_ring<F, T::kStages>(args, grid, stream);

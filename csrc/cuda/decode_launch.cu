@@ -153,6 +153,14 @@ bool wide_kernel_pays_off(const MlaDecodeParams& p) {
   const int64_t min_work = (p.format == KvFormat::kFp8E4M3FN || one_head_group) ? 16384 : 2048;
   return static_cast<int64_t>(p.total_q) * estimated_kv_len(p) >= min_work;
 }
+
+// The narrow kernel (MXFP4, H < 64) against the mma.sync kernel, competition
+// protocol at H = 16 (us, narrow / mma.sync; docs/performance.md session 11):
+// 4 x 1024 13.5 / 11.9, 4 x 8192 20.9 / 25.0, 32 x 1024 20.5 / 22.0, and
+// faster at every larger shape; hence the wide kernel's fp8 threshold.
+bool narrow_kernel_pays_off(const MlaDecodeParams& p) {
+  return static_cast<int64_t>(p.total_q) * estimated_kv_len(p) >= 16384;
+}
 #endif
 
 // The split count (and head groups) from shapes only; plan_splits adds the
@@ -239,6 +247,16 @@ SplitPlan plan_splits(const MlaDecodeParams& p, const DeviceLimits& device, int 
     plan.smem_bytes = wide_smem_bytes();
     return plan;
   }
+  if (narrow_kernel_applies(p, device.smem_per_block_optin) &&
+      (narrow_kernel_forced(p.format) || narrow_kernel_pays_off(p))) {
+    // One CTA per SM (~169 KB of shared memory), 16 heads per CTA, at least
+    // two 64-key tiles per split (as the wide kernel; not tuned).
+    SplitPlan plan =
+        plan_split_count(p, device.num_sms, requested_splits, 1, 2 * narrow_tile_tokens(), false, kNarrowRows);
+    plan.narrow = true;
+    plan.smem_bytes = narrow_smem_bytes();
+    return plan;
+  }
   // The mma.sync kernel. Its default ring where the device allows it, else
   // the format's shallower one (sm_86 / sm_89 / sm_120 allow 99 KB per block;
   // fp8's default needs 103 KB, e4m3fnuz's 102.5 KB). When neither fits, the plan
@@ -297,6 +315,7 @@ cudaError_t launch_decode(const MlaDecodeParams& p, const SplitPlan& plan, void*
   args.stages = plan.stages;
   args.fp8_wgmma = plan.fp8_wgmma;
   args.wide = plan.wide;
+  args.narrow = plan.narrow;
   args.partial_out = nullptr;
   args.partial_lse = nullptr;
   if (plan.num_splits > 1) {

@@ -15,6 +15,9 @@ constexpr int kTileRows = 16;  // query rows per CTA: 16 heads of one query toke
 // Query rows per CTA of the Hopper wide kernel (sm90/decode_kernel_wide_sm90.cuh):
 // 64 heads of one query token, the M of its wgmma.
 constexpr int kWideRows = 64;
+// Heads per CTA of the Hopper narrow kernel (sm90/decode_kernel_narrow_sm90.cuh,
+// a draft): 16 heads of one query token, the N of its wgmma.
+constexpr int kNarrowRows = 16;
 
 // What the plan needs to know about the device; the dispatcher fills it from
 // the device properties (cached by PyTorch, so no driver call per decode).
@@ -44,6 +47,9 @@ struct SplitPlan {
   // threshold: the call runs on the wide kernel (64 heads per CTA, wgmma;
   // wide_kernel_applies, wide_kernel_pays_off).
   bool wide = false;
+  // NVIDIA OCP fp8 / MXFP4 with H < 64 on Hopper, opted in: the narrow kernel
+  // (16 heads per CTA, keys as the M of wgmma; narrow_kernel_applies).
+  bool narrow = false;
 };
 
 // Chooses the kernel variant and the split count from shapes and `device`

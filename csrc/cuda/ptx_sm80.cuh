@@ -152,6 +152,21 @@ __device__ __forceinline__ uint32_t e2m1_pair_bits(uint32_t w, uint32_t scales) 
   return bf16x2_bits(__hmul2(y, __high2bfloat162(sc)));
 }
 
+// e2m1_pair_bits with one multiply, for blocks with E <= 128, where 2^(E-1)
+// is a normal bf16: `scale` = bf16x2 {2^(E-1), 2^(E-1)} (e8m0_to_bf16_one_factor).
+template <int P>
+__device__ __forceinline__ uint32_t e2m1_pair_bits_one_factor(uint32_t w, uint32_t scale) {
+  constexpr int kMag = 6 - 4 * P;
+  constexpr int kSgn = 12 - 4 * P;
+  const uint32_t mag = (kMag >= 0 ? (w << kMag) : (w >> -kMag)) & 0x01C001C0u;
+  const uint32_t sgn = (w << kSgn) & 0x80008000u;
+  return bf16x2_bits(__hmul2(bits_bf16x2(mag | sgn), bits_bf16x2(scale)));
+}
+// bf16x2 {2^(E-1), 2^(E-1)} for E in [0, 128] (biased exponent E + 126).
+__device__ __forceinline__ uint32_t e8m0_to_bf16_one_factor(uint32_t e) {
+  return ((e + 126u) << 7) * 0x00010001u;
+}
+
 // The two bf16 factors of 2^(E-1) for e2m1_pair_bits (low half: 2^floor((E-1)/2),
 // high half: the rest); E = 0xFF (NaN block) gives NaN.
 __device__ __forceinline__ uint32_t e8m0_to_bf16_scale_pair(uint32_t e) {

@@ -133,6 +133,8 @@ __device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t smem_addr, uint32_t
 // column 8i + 2c + e).
 // Accumulator operand lists of the bf16 / f16 wgmma wrappers below (N / 2
 // fp32 registers per thread for an m64nN shape) and their register strings.
+#define MLA_WGMMA_D8 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+#define MLA_WGMMA_R8 "%0, %1, %2, %3, %4, %5, %6, %7"
 #define MLA_WGMMA_D32 \
   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
@@ -168,13 +170,15 @@ __device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t smem_addr, uint32_t
   "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
   "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
 // d (+)= A * B with both operands in shared memory (descriptors), fp32
-// accumulators; TYPE "bf16" or "f16"; TNSPB "1" reads B N-major.
-#define MLA_WGMMA_SS(SHAPE, TYPE, TNSPB, NREG, IA, IB, IS)                                                \
+// accumulators; TYPE "bf16" or "f16"; TNSPA "1" reads A M-major, TNSPB "1"
+// reads B N-major.
+#define MLA_WGMMA_SS_T(SHAPE, TYPE, TNSPA, TNSPB, NREG, IA, IB, IS)                                      \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" IS ", 0;\n"                                           \
                "wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPE "." TYPE " {" MLA_WGMMA_R##NREG              \
-               "}, %" IA ", %" IB ", p, 1, 1, 0, " TNSPB ";\n}\n"                                             \
+               "}, %" IA ", %" IB ", p, 1, 1, " TNSPA ", " TNSPB ";\n}\n"                                    \
                : MLA_WGMMA_D##NREG                                                                          \
                : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0))
+#define MLA_WGMMA_SS(SHAPE, TYPE, TNSPB, NREG, IA, IB, IS) MLA_WGMMA_SS_T(SHAPE, TYPE, "0", TNSPB, NREG, IA, IB, IS)
 
 // kF16: f16 operands (the fp8 wide kernel), else bf16.
 template <bool kF16, bool kAccumulate>
@@ -197,6 +201,24 @@ __device__ __forceinline__ void wgmma_m64n256k16_ss_tnspb(float (&d)[128], uint6
   }
 #endif
 }
+// d (64 x 16 fp32) (+)= A (64 x 16, shared) * B (16 x 16, shared, K-major), bf16
+// or f16 operands; kTnspA reads A M-major (the narrow kernel's V^T: the stored
+// key tile, dims contiguous, read with keys as K).
+template <bool kF16, bool kAccumulate, bool kTnspA>
+__device__ __forceinline__ void wgmma_m64n16k16_ss(float (&d)[8], uint64_t desc_a, uint64_t desc_b) {
+#if MLA_SM90A_DEVICE
+  if constexpr (kF16 && kTnspA) {
+    MLA_WGMMA_SS_T("m64n16k16", "f16", "1", "0", 8, "8", "9", "10");
+  } else if constexpr (kF16) {
+    MLA_WGMMA_SS_T("m64n16k16", "f16", "0", "0", 8, "8", "9", "10");
+  } else if constexpr (kTnspA) {
+    MLA_WGMMA_SS_T("m64n16k16", "bf16", "1", "0", 8, "8", "9", "10");
+  } else {
+    MLA_WGMMA_SS_T("m64n16k16", "bf16", "0", "0", 8, "8", "9", "10");
+  }
+#endif
+}
+
 // Keeps the compiler from moving reads or writes of a register that an
 // in-flight wgmma uses across this point (wgmma is asynchronous; the compiler
 // only sees the asm statement that issues it).
@@ -254,6 +276,17 @@ __device__ __forceinline__ void bar_sync(int id, int count) {
 }
 __device__ __forceinline__ void bar_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+// bar_sync that also returns whether `pred` was true in any of the `count`
+// threads (barrier.red.or): a block-uniform vote and a barrier in one.
+__device__ __forceinline__ bool bar_sync_or(int id, int count, bool pred) {
+  uint32_t any;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, %3, p;\n selp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(any)
+      : "r"(static_cast<uint32_t>(pred)), "r"(id), "r"(count)
+      : "memory");
+  return any != 0;
 }
 
 // ---------------------------------------------------------------------------

@@ -1,0 +1,622 @@
+// Split-KV MLA decode for an OCP fp8 or MXFP4 cache on Hopper (sm_90a) with
+// few heads (H < 64, head groups of 16): the "narrow" kernel. DRAFT: compiled
+// for sm_90a, never run on a GPU (session 10); see the patch header.
+//
+// At H = 16 a wgmma with the heads as M (64 rows) would waste 3/4 of every
+// instruction, so the keys are M and the heads N:
+//   S^T (64 keys x 16 heads)  = K Q^T:   36 x wgmma m64n16k16, A = the key
+//                                        tile (K-major), B = Q (K-major)
+//   O^T (512 dims x 16 heads) += V^T P^T: 8 M blocks x 4 k-steps of
+//                                        m64n16k16, A = V^T (the same stored
+//                                        tile read M-major: the transpose bit
+//                                        that 16-bit types allow), B = P^T
+// with the cache decoded into f16 (fp8; Q scaled per head into f16 as in the
+// wide kernel) or bf16 (MXFP4) by producer warpgroups, so the cache is read
+// from DRAM once, in its stored format, and decoded once per key per CTA.
+//
+// Grid and outputs: as every split kernel (decode_common.h), with head groups
+// of kNarrowRows = 16 heads: x = query token * head_groups + head group,
+// y = KV split; one split writes bf16 out and lse, several write fp32
+// partials for combine_kernel.
+//
+// Block: 384 threads, one CTA per SM (shared memory).
+//   wg 0 (consumer):  QK, the online softmax along M (a head's maximum over
+//                     the tile's 64 keys: quad-column shuffles, then one
+//                     exchange among the 4 warps through shared memory), P^T
+//                     to shared memory, O^T = alpha O^T + V^T P^T (64 fp32
+//                     registers), the epilogue.
+//   wg 1, 2 (producers): the codes of tile t+2 loaded into registers one tile
+//                     ahead, decoded into tile t's slot once its PV is done
+//                     (the wide kernel's value-warpgroup loaders, without PV).
+//
+// Shared memory (operands 128-byte swizzled, see ptx_sm90.cuh):
+//   Q        16 heads x 576 dims, 9 column blocks of 16 rows (2 KB each)
+//   K/V ring 2 x (64 keys x 576 dims, 16-bit), 9 column blocks of 64 rows
+//   P^T      16 heads x 64 keys (one column block of 16 rows)
+//   the per-warp maxima exchange [2][4][16], the per-warp sums [4][16],
+//   bad-row flags, mbarriers, fp8's per-head Q scale. ~169 KB.
+//
+// Synchronisation (mbarriers; named barriers only within wg 0):
+//   full[slot]   producers arrive once tile t is decoded into `slot` and
+//                fenced for the tensor cores; the consumer waits before QK.
+//   empty[slot]  the consumer arrives once tile t's PV is complete; the
+//                producers wait before decoding tile t+2 into the slot.
+#pragma once
+
+#include <math_constants.h>
+
+#include <type_traits>
+
+#include "../../mla_decode/addressing.h"
+#include "../../mla_decode/params.h"
+#include "../decode_common.h"
+#include "../decode_work.cuh"
+#include "../ptx_sm80.cuh"
+#include "ptx_sm90.cuh"
+
+namespace mla_decode {
+namespace cuda {
+namespace sm90 {
+namespace narrow {
+
+constexpr int kThreads = 384;
+constexpr int kRows = kNarrowRows;                      // 16 heads: the N of every wgmma
+constexpr int kTileTokens = 64;                         // keys per tile: the M of QK, the K of PV
+constexpr int kColBlocks = kHeadDimQK / 64;             // 9 column blocks of 64 dims (128 bytes per row)
+constexpr int kQBlockBytes = kRows * 128;               // 2048: one column block of Q (or of P^T)
+constexpr int kQBytes = kColBlocks * kQBlockBytes;      // 18432
+constexpr int kBlockBytes = kTileTokens * 128;          // 8192: one column block of a stage
+constexpr int kStageBytes = kColBlocks * kBlockBytes;   // 73728
+constexpr int kStages = 2;
+constexpr int kSwizzleGroupBytes = 8 * 128;             // SBO: 8 rows of 128 bytes
+constexpr int kLoaderThreads = 256;                     // wg 1, 2
+constexpr int kLoadersPerToken = kLoaderThreads / kTileTokens;      // 4
+constexpr int kTokensPerLoaderWarp = 32 / kLoadersPerToken;         // 8: one bad-row word each
+constexpr int kFlagWords = kTileTokens / kTokensPerLoaderWarp;      // 8 per stage
+constexpr int kCodeChunks = kHeadDimQK / 16 / kLoadersPerToken;     // 9 chunks of 16 codes per loader
+
+enum NamedBarrier : int {
+  kBarQ = 1,    // wg 0: Q stored
+  kBarMax = 2,  // wg 0: the per-warp maxima of a tile exchanged
+  kBarP = 3,    // wg 0: P^T stored (and fenced) before PV
+  kBarSum = 4,  // wg 0: the per-warp sums exchanged (epilogue)
+};
+enum MBarrier : int {
+  kMbFull = 0,   // + slot [256: wg 1, 2]
+  kMbEmpty = 2,  // + slot [128: wg 0]
+  kMbCount = 4,
+};
+
+struct Smem {
+  static constexpr int kQ = 0;
+  static constexpr int kKv = kQ + kQBytes;
+  static constexpr int kPt = kKv + kStages * kStageBytes;   // 16 x 64 16-bit: one column block
+  static constexpr int kMaxX = kPt + kQBlockBytes;          // [2 tiles][4 warps][16] fp32
+  static constexpr int kSumX = kMaxX + 2 * 4 * kRows * 4;   // [4 warps][16] fp32
+  static constexpr int kFlags = kSumX + 4 * kRows * 4;      // [2 stages][8] u32: bad-row bits
+  static constexpr int kBars = kFlags + kStages * kFlagWords * 4;
+  static constexpr int kQScale = kBars + kMbCount * 8;      // [16] fp32: fp8's per-head 2^-e of Q
+  static constexpr int kTotal = kQScale + kRows * 4;
+};
+static_assert(Smem::kKv % 1024 == 0 && Smem::kPt % 1024 == 0, "swizzle atoms are 1024-byte aligned");
+static_assert(Smem::kBars % 8 == 0, "mbarrier alignment");
+
+__device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk, int block_bytes) {
+  return (chunk >> 3) * block_bytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
+}
+
+// A descriptor whose value the compiler must treat as unknown here, so the
+// descriptors derived from it by constant adds are computed where they are
+// used instead of being hoisted out of the tile loop (36 + 32 of them would
+// not fit next to O).
+__device__ __forceinline__ uint64_t opaque(uint64_t x) {
+  asm volatile("" : "+l"(x));
+  return x;
+}
+
+// Register budgets (setmaxnreg): the consumer holds O^T (64), S (8) and the
+// softmax state (ptxas allocates within the decreased budget: at 112 it
+// spilled); the producers the next tile's codes (36 fp8 / 27 MXFP4). 136 + 2
+// x 184 fits the 168 x 384 the launch reserves.
+constexpr int kConsumerRegs = 136;
+// Lazy rescaling threshold (log2 domain): P = exp2(s - m_run) <= 2^8.
+constexpr float kLazyLog2 = 8.f;
+constexpr int kProducerRegs = 184;
+
+// MXFP4 decode of one 16-code chunk (8 bytes) with block scale byte E into 8
+// bf16x2 words: word i < 4 holds codes (i, i + 4) of the low 8 codes, word 4 + i
+// those of the high 8, i.e. each 8-dim group lands in dim order (0, 4, 1, 5,
+// 2, 6, 3, 7), the order e2m1_pair_bits produces without a byte permute. Q is
+// stored in the same order and the epilogue maps O^T's rows back (kMxDimOrder).
+struct MxChunkBf16 {
+  uint32_t w[8];
+};
+// E <= 128: 2^(E-1) is a normal bf16, one multiply per pair (the common case:
+// block maxima below 2^4).
+__device__ __forceinline__ MxChunkBf16 mx_chunk_to_bf16_one_factor(uint2 codes, uint32_t e) {
+  const uint32_t scale = e8m0_to_bf16_one_factor(e);
+  MxChunkBf16 d;
+  d.w[0] = e2m1_pair_bits_one_factor<0>(codes.x, scale);
+  d.w[1] = e2m1_pair_bits_one_factor<1>(codes.x, scale);
+  d.w[2] = e2m1_pair_bits_one_factor<2>(codes.x, scale);
+  d.w[3] = e2m1_pair_bits_one_factor<3>(codes.x, scale);
+  d.w[4] = e2m1_pair_bits_one_factor<0>(codes.y, scale);
+  d.w[5] = e2m1_pair_bits_one_factor<1>(codes.y, scale);
+  d.w[6] = e2m1_pair_bits_one_factor<2>(codes.y, scale);
+  d.w[7] = e2m1_pair_bits_one_factor<3>(codes.y, scale);
+  return d;
+}
+// E > 128 (and the NaN block, E = 255): two factors. Not inlined: rare, and
+// nine inlined copies per stored tile would overflow the instruction cache
+// (session 11: +16% no-instruction stalls with a duplicated decode loop).
+__device__ __noinline__ MxChunkBf16 mx_chunk_to_bf16_two_factors(uint2 codes, uint32_t e) {
+  const uint32_t scales = e8m0_to_bf16_scale_pair(e);
+  MxChunkBf16 d;
+  d.w[0] = e2m1_pair_bits<0>(codes.x, scales);
+  d.w[1] = e2m1_pair_bits<1>(codes.x, scales);
+  d.w[2] = e2m1_pair_bits<2>(codes.x, scales);
+  d.w[3] = e2m1_pair_bits<3>(codes.x, scales);
+  d.w[4] = e2m1_pair_bits<0>(codes.y, scales);
+  d.w[5] = e2m1_pair_bits<1>(codes.y, scales);
+  d.w[6] = e2m1_pair_bits<2>(codes.y, scales);
+  d.w[7] = e2m1_pair_bits<3>(codes.y, scales);
+  return d;
+}
+// The dim stored at position j of an 8-dim group (MXFP4; fp8 keeps dim order).
+__device__ __forceinline__ int mx_dim_of_position(int j) { return (j >> 1) + 4 * (j & 1); }
+
+template <KvFormat F>
+__global__ void __launch_bounds__(kThreads, 1) decode_narrow_kernel(const DecodeLaunch args) {
+  constexpr bool kFp8 = F == KvFormat::kFp8E4M3FN;  // f16 operands; MXFP4: bf16
+  constexpr bool kMx = F == KvFormat::kMxfp4;
+  static_assert(kFp8 || kMx, "OCP fp8 or MXFP4");
+#if MLA_SM90A_DEVICE
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const MlaDecodeParams& p = args.p;
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const int warp = (tid / 32) % 4;
+  const int lane = tid % 32;
+  const int g = lane >> 2;
+  const int c = lane & 3;
+
+  const uint32_t smem_base = smem_u32(smem);
+  const uint32_t q_smem = smem_base + Smem::kQ;
+  const uint32_t kv_smem = smem_base + Smem::kKv;
+  const uint32_t pt_smem = smem_base + Smem::kPt;
+  float* max_x = reinterpret_cast<float*>(smem + Smem::kMaxX);
+  float* sum_x = reinterpret_cast<float*>(smem + Smem::kSumX);
+  uint32_t* flags = reinterpret_cast<uint32_t*>(smem + Smem::kFlags);
+  float* q_scale = reinterpret_cast<float*>(smem + Smem::kQScale);
+
+  const WorkItem work = locate_work<kTileTokens, kRows>(args);
+  const int kv_begin = work.kv_begin, kv_end = work.kv_end;
+  const int n_tiles = ceil_div(kv_end - kv_begin, kTileTokens);
+  const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
+  const uint32_t bars = smem_base + Smem::kBars;
+  auto mbar = [&](int i) { return bars + 8 * i; };
+  if (tid == 0) {
+    for (int i = 0; i < kStages; ++i) {
+      mbar_init(mbar(kMbFull + i), kLoaderThreads);
+      mbar_init(mbar(kMbEmpty + i), 128);
+    }
+  }
+  __syncthreads();
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+
+  if (wg == 0) {
+    // ============================ consumer ===================================
+    setmaxnreg_dec<kConsumerRegs>();
+    // Q: thread tid copies row tid / 8, chunks tid % 8 + 8m (m = 0..8), heads
+    // past H (and every head of an orphan token) zero. fp8: scaled per head
+    // into f16 as in the wide kernel (the head's 8 threads are lanes 8k..8k+7).
+    {
+      const int row = tid >> 3, c8 = tid & 7;
+      const int head = work.h0 + row;
+      const bool valid = !work.orphan && head < p.num_heads;
+      const uint8_t* src = static_cast<const uint8_t*>(p.q) +
+                           2 * (static_cast<int64_t>(work.t) * p.q_stride_token +
+                                static_cast<int64_t>(valid ? head : 0) * p.q_stride_head) +
+                           16 * c8;
+#pragma unroll
+      for (int m = 0; m < kColBlocks; ++m) {
+        cp_async_16(q_smem + swizzled_offset(row, c8 + 8 * m, kQBlockBytes), src + 128 * m, valid ? 16 : 0);
+      }
+      cp_async_commit();
+      cp_async_wait<0>();
+      if constexpr (kFp8) {
+        uint32_t amax = 0;
+#pragma unroll
+        for (int m = 0; m < kColBlocks; ++m) {
+          uint4 v;
+          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                       : "r"(q_smem + swizzled_offset(row, c8 + 8 * m, kQBlockBytes)));
+          amax = bf16_finite_abs_max(v.x, amax);
+          amax = bf16_finite_abs_max(v.y, amax);
+          amax = bf16_finite_abs_max(v.z, amax);
+          amax = bf16_finite_abs_max(v.w, amax);
+        }
+        amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+        amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
+        const int e = pow2_scale_exponent<141>(amax);  // max |q| * 2^e in [2^14, 2^15)
+        const float factor = __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
+        if (c8 == 0) q_scale[row] = __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
+#pragma unroll
+        for (int m = 0; m < kColBlocks; ++m) {
+          const uint32_t addr = q_smem + swizzled_offset(row, c8 + 8 * m, kQBlockBytes);
+          uint4 v;
+          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                       : "r"(addr));
+          uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const __half2 h = __floats2half2_rn(__uint_as_float(w[i] << 16) * factor,
+                                                __uint_as_float(w[i] & 0xFFFF0000u) * factor);
+            w[i] = *reinterpret_cast<const uint32_t*>(&h);
+          }
+          asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(w[0]), "r"(w[1]), "r"(w[2]),
+                       "r"(w[3])
+                       : "memory");
+        }
+      } else {
+        // MXFP4: each 8-dim group of Q into the producers' dim order (0, 4,
+        // 1, 5, 2, 6, 3, 7) (mx_chunk_to_bf16_*); this thread's own chunks.
+#pragma unroll
+        for (int m = 0; m < kColBlocks; ++m) {
+          const uint32_t addr = q_smem + swizzled_offset(row, c8 + 8 * m, kQBlockBytes);
+          uint4 v;
+          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                       : "r"(addr));
+          asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(prmt(v.x, v.z, 0x5410)),
+                       "r"(prmt(v.x, v.z, 0x7632)), "r"(prmt(v.y, v.w, 0x5410)), "r"(prmt(v.y, v.w, 0x7632))
+                       : "memory");
+        }
+      }
+      fence_proxy_async_shared();
+      bar_sync(kBarQ, 128);
+    }
+
+    // Accumulator layout (m64n16): s[4j + 2r + e] = (key 16 warp + g + 8r,
+    // head 8j + 2c + e); this thread's heads hd[2j + e] = 8j + 2c + e.
+    const int key0 = 16 * warp + g;
+    float head_scale[4];  // log2-domain score scale per head (fp8: times the cache scale and 2^-e)
+    {
+      const float scale_log2 = p.sm_scale * 1.4426950408889634f;
+      const float kv_scale = kFp8 ? __ldg(p.fp8_scale) : 1.f;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int hd = 8 * (i >> 1) + 2 * c + (i & 1);
+        head_scale[i] = kFp8 ? scale_log2 * kv_scale * q_scale[hd] : scale_log2;
+      }
+    }
+    float m_run[4] = {-CUDART_INF_F, -CUDART_INF_F, -CUDART_INF_F, -CUDART_INF_F};
+    float l_part[4] = {0.f, 0.f, 0.f, 0.f};  // this thread's keys only (reduced at the end)
+    float o[8][8];                           // O^T: o[mb][4j + 2r + e] = (dim 64 mb + key0-like row, head)
+#pragma unroll
+    for (int mb = 0; mb < 8; ++mb) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o[mb][i] = 0.f;
+    }
+
+    for (int t = 0; t < n_tiles; ++t) {
+      const int slot = t % kStages;
+      const uint32_t stage = kv_smem + slot * kStageBytes;
+      mbar_wait(mbar(kMbFull + slot), (t / kStages) & 1);  // tile t decoded
+
+      float s[8];
+      wgmma_fence();
+      const uint64_t desc_k0 = opaque(smem_desc_sw128(stage, 16, kSwizzleGroupBytes));
+      const uint64_t desc_q0 = opaque(smem_desc_sw128(q_smem, 16, kSwizzleGroupBytes));
+#pragma unroll
+      for (int ks = 0; ks < kHeadDimQK / 16; ++ks) {
+        const uint64_t desc_k = desc_k0 + (((ks / 4) * kBlockBytes + (ks % 4) * 32) >> 4);
+        const uint64_t desc_q = desc_q0 + (((ks / 4) * kQBlockBytes + (ks % 4) * 32) >> 4);
+        if (ks == 0) wgmma_m64n16k16_ss<kFp8, false, false>(s, desc_k, desc_q);
+        else wgmma_m64n16k16_ss<kFp8, true, false>(s, desc_k, desc_q);
+      }
+      wgmma_commit();
+      if (t > 0) {
+        // Tile t-1's PV (the older group) is complete: its slot may be refilled.
+        wgmma_wait<1>();
+#pragma unroll
+        for (int mb = 0; mb < 8; ++mb) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) pin(o[mb][i]);
+        }
+        mbar_arrive(mbar(kMbEmpty + (t - 1) % kStages));
+      }
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 8; ++i) pin(s[i]);
+
+      // Masks: keys past the split -inf, bad indices NaN (flag word of key k:
+      // k / 8, bit 4 (k % 8), as the producers write them). Scores to the
+      // log2 domain (times the head's scale).
+      const int tok0 = kv_begin + t * kTileTokens;
+      const uint32_t* bad_words = flags + slot * kFlagWords;
+      bool over = false;  // a score above m_run + kLazyLog2 (NaN compares false)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int key = key0 + 8 * r;
+        const bool past = tok0 + key >= kv_end;
+        const bool is_bad = (bad_words[key / kTokensPerLoaderWarp] >> (kLoadersPerToken * (key % kTokensPerLoaderWarp))) & 1u;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {  // i = 2j + e
+          float v = s[4 * (i >> 1) + 2 * r + (i & 1)] * head_scale[i];
+          v = past ? -CUDART_INF_F : (is_bad ? CUDART_NAN_F : v);
+          s[4 * (i >> 1) + 2 * r + (i & 1)] = v;
+          over |= v > m_run[i] + kLazyLog2;
+        }
+      }
+      // Lazy rescaling: P = exp2(s - m_run) with the running reference m_run
+      // kept while no score of the tile exceeds it by more than kLazyLog2
+      // (P <= 2^8: exact enough in f16 / bf16, far from overflow), so most
+      // tiles need neither the per-head maximum over the 4 warps (shuffles,
+      // a shared-memory exchange, a barrier) nor the O^T rescale; the vote
+      // is one barrier. The LSE is m_run + log2(l) either way.
+      if (bar_sync_or(kBarMax, 128, over)) {
+        // A head's maximum over the tile: the 8 lanes with the same c, then
+        // the 4 warps through shared memory (double-buffered by tile parity).
+        float mx[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          mx[i] = fmaxf(s[4 * (i >> 1) + (i & 1)], s[4 * (i >> 1) + 2 + (i & 1)]);
+          mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 4));
+          mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 8));
+          mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 16));
+        }
+        float* mx_buf = max_x + (t & 1) * 4 * kRows;
+        if (g == 0) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) mx_buf[warp * kRows + 8 * (i >> 1) + 2 * c + (i & 1)] = mx[i];
+        }
+        bar_sync(kBarMax, 128);
+        float alpha[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int hd = 8 * (i >> 1) + 2 * c + (i & 1);
+          const float m_tile =
+              fmaxf(fmaxf(mx_buf[hd], mx_buf[kRows + hd]), fmaxf(mx_buf[2 * kRows + hd], mx_buf[3 * kRows + hd]));
+          const float m_new = fmaxf(m_run[i], m_tile);
+          alpha[i] = exp2f(m_run[i] - (m_new == -CUDART_INF_F ? 0.f : m_new));
+          m_run[i] = m_new;
+          l_part[i] *= alpha[i];
+        }
+        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f || alpha[2] != 1.f || alpha[3] != 1.f)) {
+#pragma unroll
+          for (int mb = 0; mb < 8; ++mb) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) o[mb][i] *= alpha[2 * (i >> 2) + (i & 1)];
+          }
+        }
+      }
+      // P^T (B of PV: keys along K, heads along N, K-major): row = head,
+      // 16-byte chunk = key / 8, element key % 8.
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int hd = 8 * (i >> 1) + 2 * c + (i & 1);
+        const float m_ref = m_run[i] == -CUDART_INF_F ? 0.f : m_run[i];
+        float sum = 0.f;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int key = key0 + 8 * r;
+          const float pv = exp2f(s[4 * (i >> 1) + 2 * r + (i & 1)] - m_ref);
+          sum += pv;
+          uint16_t bits;
+          if constexpr (kFp8) {
+            const __half h = __float2half_rn(pv);
+            bits = *reinterpret_cast<const uint16_t*>(&h);
+          } else {
+            bits = static_cast<uint16_t>(mla_pack_bf16x2(pv, 0.f) & 0xFFFFu);
+          }
+          const uint32_t addr = pt_smem + hd * 128 + ((((key >> 3) ^ (hd & 7))) << 4) + (key & 7) * 2;
+          asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(bits) : "memory");
+        }
+        l_part[i] += sum;
+      }
+      fence_proxy_async_shared();
+      bar_sync(kBarP, 128);
+
+      wgmma_fence();
+      const uint64_t desc_v0 = opaque(smem_desc_sw128(stage, kBlockBytes, kSwizzleGroupBytes));
+      const uint64_t desc_p0 = opaque(smem_desc_sw128(pt_smem, 16, kSwizzleGroupBytes));
+#pragma unroll
+      for (int mb = 0; mb < 8; ++mb) {
+#pragma unroll
+        for (int kk = 0; kk < kTileTokens / 16; ++kk) {
+          // A = V^T: dims 64 mb.. (one column block) x keys 16 kk.. (16 rows),
+          // M-major; B = P^T: keys 16 kk.. (32 bytes on) x 16 heads, K-major.
+          // (Start-address field steps by constant adds; no carry: < 2^18.)
+          const uint64_t desc_v = desc_v0 + ((mb * kBlockBytes + kk * 16 * 128) >> 4);
+          const uint64_t desc_p = desc_p0 + ((32 * kk) >> 4);
+          wgmma_m64n16k16_ss<kFp8, true, true>(o[mb], desc_v, desc_p);
+        }
+      }
+      wgmma_commit();
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int mb = 0; mb < 8; ++mb) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) pin(o[mb][i]);
+    }
+
+    // ---- epilogue: l per head over the 64 rows of keys, O^T / l ------------
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      l_part[i] += __shfl_xor_sync(0xffffffffu, l_part[i], 4);
+      l_part[i] += __shfl_xor_sync(0xffffffffu, l_part[i], 8);
+      l_part[i] += __shfl_xor_sync(0xffffffffu, l_part[i], 16);
+    }
+    if (g == 0) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) sum_x[warp * kRows + 8 * (i >> 1) + 2 * c + (i & 1)] = l_part[i];
+    }
+    bar_sync(kBarSum, 128);
+    float inv[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int hd = 8 * (i >> 1) + 2 * c + (i & 1);
+      const float l = sum_x[hd] + sum_x[kRows + hd] + sum_x[2 * kRows + hd] + sum_x[3 * kRows + hd];
+      inv[i] = l > 0.f ? 1.f / l : 0.f;
+      if constexpr (kFp8) inv[i] *= __ldg(p.fp8_scale);  // V's dequantisation
+      if (isnan(l) || work.orphan) inv[i] = CUDART_NAN_F;
+      const int h = work.h0 + hd;
+      if (warp == 0 && g == 0 && h < p.num_heads) {
+        float lse = l > 0.f ? (m_run[i] + __log2f(l)) * 0.6931471805599453f : -CUDART_INF_F;
+        if (isnan(l) || work.orphan) lse = CUDART_NAN_F;
+        if (args.num_splits == 1) {
+          p.lse[static_cast<int64_t>(work.t) * p.lse_stride_token + static_cast<int64_t>(h) * p.lse_stride_head] = lse;
+        } else {
+          const int64_t out_row = static_cast<int64_t>(work.t) * p.num_heads + h;
+          args.partial_lse[static_cast<int64_t>(work.split) * rows + out_row] = lse;
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int h = work.h0 + 8 * (i >> 1) + 2 * c + (i & 1);
+      if (h >= p.num_heads) continue;
+#pragma unroll
+      for (int mb = 0; mb < 8; ++mb) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int dim = 64 * mb + 16 * warp + 8 * r + (kMx ? mx_dim_of_position(g) : g);
+          const float v = o[mb][4 * (i >> 1) + 2 * r + (i & 1)] * inv[i];
+          if (args.num_splits == 1) {
+            uint16_t* dst = static_cast<uint16_t*>(p.out) + static_cast<int64_t>(work.t) * p.out_stride_token +
+                            static_cast<int64_t>(h) * p.out_stride_head + dim;
+            *dst = static_cast<uint16_t>(mla_pack_bf16x2(v, 0.f) & 0xFFFFu);
+          } else {
+            const int64_t out_row = static_cast<int64_t>(work.t) * p.num_heads + h;
+            args.partial_out[(static_cast<int64_t>(work.split) * rows + out_row) * kHeadDimV + dim] = v;
+          }
+        }
+      }
+    }
+  } else {
+    // ============================ producers ==================================
+    setmaxnreg_inc<kProducerRegs>();
+    // Thread lt decodes key lt / 4 of a tile, code chunks lt % 4 + 4m: the
+    // wide kernel's value-warpgroup map (a warp reads 8 keys per instruction).
+    const int lt = tid - 128;
+    const int ld_token = lt / kLoadersPerToken, ld_c0 = lt % kLoadersPerToken;
+    const uint8_t* kv_base = static_cast<const uint8_t*>(p.kv);
+    const bool contiguous = p.layout == KvLayout::kIndptr;
+    const int64_t contiguous_base =
+        (contiguous && !work.orphan) ? static_cast<int64_t>(__ldg(p.kv_indptr + work.b)) : 0;
+    // Cache row of this thread's key of `tile`: -2 past the split (zero codes,
+    // masked by position), -1 for a bad index (zero codes, a NaN score).
+    auto key_row = [&](int tile) -> int64_t {
+      const int j = kv_begin + tile * kTileTokens + ld_token;
+      if (j >= kv_end) return -2;
+      const int64_t r = contiguous ? contiguous_base + j : kv_row(p, work.b, j);
+      return (r < 0 || r >= p.num_cache_rows) ? -1 : r;
+    };
+    // Two tiles of codes in flight: buffer b holds those of the tiles of
+    // parity b (36 fp8 / 27 MXFP4 registers each; session 11: one buffer left
+    // the loads of ~one tile in flight per SM, 7% slower at MXFP4's large
+    // shapes, and the register-destination loads ran at ~2.8 TB/s).
+    uint4 codes[2][kCodeChunks];     // fp8: 16 codes per chunk
+    uint2 mx_codes[2][kCodeChunks];  // MXFP4: 16 codes per chunk
+    uint32_t mx_e[2][kCodeChunks];   // MXFP4: the chunk's block scale byte
+    uint32_t codes_bad[2] = {};
+    // `buf` (an integral_constant) picks the register buffer at compile time.
+    auto fetch_tile = [&](auto buf, int tile) {
+      constexpr int B = decltype(buf)::value;
+      if (tile < n_tiles) {
+        const int64_t r = key_row(tile);
+        codes_bad[B] = __ballot_sync(0xffffffffu, r == -1);
+        if constexpr (kMx) {
+          const uint8_t* src = kv_base + (r >= 0 ? r : 0) * p.kv_row_stride_bytes + 8 * ld_c0;
+          const uint8_t* sc = p.mx_scale + (r >= 0 ? r : 0) * p.mx_scale_stride_row;
+#pragma unroll
+          for (int m = 0; m < kCodeChunks; ++m) {
+            const int blk = (ld_c0 + 4 * m) >> 1;
+            mx_codes[B][m] = r >= 0 ? __ldg(reinterpret_cast<const uint2*>(src + 32 * m)) : make_uint2(0, 0);
+            mx_e[B][m] = r >= 0 ? __ldg(sc + blk * p.mx_scale_stride_col) : 0u;
+          }
+        } else {
+          const uint8_t* src = kv_base + (r >= 0 ? r : 0) * p.kv_row_stride_bytes + 16 * ld_c0;
+#pragma unroll
+          for (int m = 0; m < kCodeChunks; ++m) {
+            codes[B][m] = r >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + 64 * m)) : make_uint4(0, 0, 0, 0);
+          }
+        }
+      }
+    };
+    const uint32_t st_lo = kv_smem + ld_token * 128 + (((2 * ld_c0) ^ (ld_token & 7)) << 4);
+    const uint32_t st_hi = kv_smem + ld_token * 128 + (((2 * ld_c0 + 1) ^ (ld_token & 7)) << 4);
+    auto store_tile = [&](auto buf, int tile) {
+      constexpr int B = decltype(buf)::value;
+      if (tile < n_tiles) {
+        const int slot = tile % kStages;
+        if (lane == 0) flags[slot * kFlagWords + lt / 32] = codes_bad[B];
+        const uint32_t slot_off = slot * kStageBytes;
+#pragma unroll
+        for (int m = 0; m < kCodeChunks; ++m) {
+          uint32_t lo[4], hi[4];
+          if constexpr (kMx) {
+            // 16 codes into dim positions (0, 4, 1, 5, 2, 6, 3, 7) of each
+            // 8-dim group (kMxDimOrder): no reordering instructions.
+            const MxChunkBf16 d = mx_e[B][m] <= 128u ? mx_chunk_to_bf16_one_factor(mx_codes[B][m], mx_e[B][m])
+                                                     : mx_chunk_to_bf16_two_factors(mx_codes[B][m], mx_e[B][m]);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              lo[i] = d.w[i];
+              hi[i] = d.w[4 + i];
+            }
+          } else {
+            lo[0] = e4m3x2_to_f16x2<0>(codes[B][m].x);
+            lo[1] = e4m3x2_to_f16x2<1>(codes[B][m].x);
+            lo[2] = e4m3x2_to_f16x2<0>(codes[B][m].y);
+            lo[3] = e4m3x2_to_f16x2<1>(codes[B][m].y);
+            hi[0] = e4m3x2_to_f16x2<0>(codes[B][m].z);
+            hi[1] = e4m3x2_to_f16x2<1>(codes[B][m].z);
+            hi[2] = e4m3x2_to_f16x2<0>(codes[B][m].w);
+            hi[3] = e4m3x2_to_f16x2<1>(codes[B][m].w);
+          }
+          const uint32_t off = slot_off + m * kBlockBytes;
+          asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(st_lo + off), "r"(lo[0]), "r"(lo[1]),
+                       "r"(lo[2]), "r"(lo[3])
+                       : "memory");
+          asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(st_hi + off), "r"(hi[0]), "r"(hi[1]),
+                       "r"(hi[2]), "r"(hi[3])
+                       : "memory");
+        }
+        fence_proxy_async_shared();
+        mbar_arrive(mbar(kMbFull + slot));
+      }
+    };
+    using Buf0 = std::integral_constant<int, 0>;
+    using Buf1 = std::integral_constant<int, 1>;
+    // Slots start empty: tiles 0 and 1 are stored without waiting. Then tile
+    // t + 2 goes into tile t's slot once its PV is done, and the codes of
+    // tile t + 4 are fetched into the buffer just emptied.
+    fetch_tile(Buf0{}, 0);
+    fetch_tile(Buf1{}, 1);
+    store_tile(Buf0{}, 0);
+    fetch_tile(Buf0{}, 2);
+    store_tile(Buf1{}, 1);
+    fetch_tile(Buf1{}, 3);
+    for (int t = 0; t + 2 < n_tiles; t += 2) {
+      mbar_wait(mbar(kMbEmpty + 0), (t / kStages) & 1);  // tile t (slot 0) is done
+      store_tile(Buf0{}, t + 2);
+      fetch_tile(Buf0{}, t + 4);
+      if (t + 3 >= n_tiles) break;
+      mbar_wait(mbar(kMbEmpty + 1), (t / kStages) & 1);  // tile t + 1 (slot 1)
+      store_tile(Buf1{}, t + 3);
+      fetch_tile(Buf1{}, t + 5);
+    }
+  }
+#endif  // MLA_SM90A_DEVICE
+}
+
+}  // namespace narrow
+}  // namespace sm90
+}  // namespace cuda
+}  // namespace mla_decode
