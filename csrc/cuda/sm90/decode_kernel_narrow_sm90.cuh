@@ -551,41 +551,47 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_kernel(const Decode
     };
     const uint32_t st_lo = kv_smem + ld_token * 128 + (((2 * ld_c0) ^ (ld_token & 7)) << 4);
     const uint32_t st_hi = kv_smem + ld_token * 128 + (((2 * ld_c0 + 1) ^ (ld_token & 7)) << 4);
-    auto store_tile = [&](auto buf, int tile) {
+    // A tile's codes decoded into registers (before its slot is free: only
+    // the stores wait for the consumer), then stored into the slot.
+    uint32_t dec[kCodeChunks][8];
+    uint32_t dec_bad = 0;
+    auto decode_tile = [&](auto buf) {
       constexpr int B = decltype(buf)::value;
+      dec_bad = codes_bad[B];
+#pragma unroll
+      for (int m = 0; m < kCodeChunks; ++m) {
+        if constexpr (kMx) {
+          // 16 codes into dim positions (0, 4, 1, 5, 2, 6, 3, 7) of each
+          // 8-dim group: no reordering instructions.
+          const MxChunkBf16 d = mx_e[B][m] <= 128u ? mx_chunk_to_bf16_one_factor(mx_codes[B][m], mx_e[B][m])
+                                                   : mx_chunk_to_bf16_two_factors(mx_codes[B][m], mx_e[B][m]);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) dec[m][i] = d.w[i];
+        } else {
+          dec[m][0] = e4m3x2_to_f16x2<0>(codes[B][m].x);
+          dec[m][1] = e4m3x2_to_f16x2<1>(codes[B][m].x);
+          dec[m][2] = e4m3x2_to_f16x2<0>(codes[B][m].y);
+          dec[m][3] = e4m3x2_to_f16x2<1>(codes[B][m].y);
+          dec[m][4] = e4m3x2_to_f16x2<0>(codes[B][m].z);
+          dec[m][5] = e4m3x2_to_f16x2<1>(codes[B][m].z);
+          dec[m][6] = e4m3x2_to_f16x2<0>(codes[B][m].w);
+          dec[m][7] = e4m3x2_to_f16x2<1>(codes[B][m].w);
+        }
+      }
+    };
+    auto store_tile = [&](int tile) {
       if (tile < n_tiles) {
         const int slot = tile % kStages;
-        if (lane == 0) flags[slot * kFlagWords + lt / 32] = codes_bad[B];
+        if (lane == 0) flags[slot * kFlagWords + lt / 32] = dec_bad;
         const uint32_t slot_off = slot * kStageBytes;
 #pragma unroll
         for (int m = 0; m < kCodeChunks; ++m) {
-          uint32_t lo[4], hi[4];
-          if constexpr (kMx) {
-            // 16 codes into dim positions (0, 4, 1, 5, 2, 6, 3, 7) of each
-            // 8-dim group (kMxDimOrder): no reordering instructions.
-            const MxChunkBf16 d = mx_e[B][m] <= 128u ? mx_chunk_to_bf16_one_factor(mx_codes[B][m], mx_e[B][m])
-                                                     : mx_chunk_to_bf16_two_factors(mx_codes[B][m], mx_e[B][m]);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              lo[i] = d.w[i];
-              hi[i] = d.w[4 + i];
-            }
-          } else {
-            lo[0] = e4m3x2_to_f16x2<0>(codes[B][m].x);
-            lo[1] = e4m3x2_to_f16x2<1>(codes[B][m].x);
-            lo[2] = e4m3x2_to_f16x2<0>(codes[B][m].y);
-            lo[3] = e4m3x2_to_f16x2<1>(codes[B][m].y);
-            hi[0] = e4m3x2_to_f16x2<0>(codes[B][m].z);
-            hi[1] = e4m3x2_to_f16x2<1>(codes[B][m].z);
-            hi[2] = e4m3x2_to_f16x2<0>(codes[B][m].w);
-            hi[3] = e4m3x2_to_f16x2<1>(codes[B][m].w);
-          }
           const uint32_t off = slot_off + m * kBlockBytes;
-          asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(st_lo + off), "r"(lo[0]), "r"(lo[1]),
-                       "r"(lo[2]), "r"(lo[3])
+          asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(st_lo + off), "r"(dec[m][0]), "r"(dec[m][1]),
+                       "r"(dec[m][2]), "r"(dec[m][3])
                        : "memory");
-          asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(st_hi + off), "r"(hi[0]), "r"(hi[1]),
-                       "r"(hi[2]), "r"(hi[3])
+          asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(st_hi + off), "r"(dec[m][4]), "r"(dec[m][5]),
+                       "r"(dec[m][6]), "r"(dec[m][7])
                        : "memory");
         }
         fence_proxy_async_shared();
@@ -594,23 +600,28 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_kernel(const Decode
     };
     using Buf0 = std::integral_constant<int, 0>;
     using Buf1 = std::integral_constant<int, 1>;
-    // Slots start empty: tiles 0 and 1 are stored without waiting. Then tile
-    // t + 2 goes into tile t's slot once its PV is done, and the codes of
-    // tile t + 4 are fetched into the buffer just emptied.
+    // Slots start empty: tiles 0 and 1 are stored without waiting. Then the
+    // codes of tile t + 2 are decoded, those of tile t + 4 fetched into the
+    // buffer just emptied, and tile t + 2 stored into tile t's slot once its
+    // PV is done.
     fetch_tile(Buf0{}, 0);
     fetch_tile(Buf1{}, 1);
-    store_tile(Buf0{}, 0);
+    decode_tile(Buf0{});
     fetch_tile(Buf0{}, 2);
-    store_tile(Buf1{}, 1);
+    store_tile(0);
+    decode_tile(Buf1{});
     fetch_tile(Buf1{}, 3);
+    store_tile(1);
     for (int t = 0; t + 2 < n_tiles; t += 2) {
-      mbar_wait(mbar(kMbEmpty + 0), (t / kStages) & 1);  // tile t (slot 0) is done
-      store_tile(Buf0{}, t + 2);
+      decode_tile(Buf0{});
       fetch_tile(Buf0{}, t + 4);
+      mbar_wait(mbar(kMbEmpty + 0), (t / kStages) & 1);  // tile t (slot 0) is done
+      store_tile(t + 2);
       if (t + 3 >= n_tiles) break;
-      mbar_wait(mbar(kMbEmpty + 1), (t / kStages) & 1);  // tile t + 1 (slot 1)
-      store_tile(Buf1{}, t + 3);
+      decode_tile(Buf1{});
       fetch_tile(Buf1{}, t + 5);
+      mbar_wait(mbar(kMbEmpty + 1), (t / kStages) & 1);  // tile t + 1 (slot 1)
+      store_tile(t + 3);
     }
   }
 #endif  // MLA_SM90A_DEVICE
