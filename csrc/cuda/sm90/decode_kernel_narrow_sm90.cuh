@@ -1,6 +1,7 @@
 // Split-KV MLA decode for an OCP fp8 or MXFP4 cache on Hopper (sm_90a) with
-// few heads (H < 64, head groups of 16): the "narrow" kernel. DRAFT: compiled
-// for sm_90a, never run on a GPU (session 10); see the patch header.
+// few heads (H < 64, head groups of 16): the "narrow" kernel. The default for
+// MXFP4 from 16k query tokens x keys; fp8 only when opted in (measured no
+// faster than its mma.sync kernel at H = 16; docs/performance.md, session 11).
 //
 // At H = 16 a wgmma with the heads as M (64 rows) would waste 3/4 of every
 // instruction, so the keys are M and the heads N:
@@ -13,6 +14,8 @@
 // with the cache decoded into f16 (fp8; Q scaled per head into f16 as in the
 // wide kernel) or bf16 (MXFP4) by producer warpgroups, so the cache is read
 // from DRAM once, in its stored format, and decoded once per key per CTA.
+// MXFP4 tiles (and Q) hold each 8-dim group in the order (0, 4, 1, 5, 2, 6,
+// 3, 7) that the bit decode produces; the epilogue maps O^T's rows back.
 //
 // Grid and outputs: as every split kernel (decode_common.h), with head groups
 // of kNarrowRows = 16 heads: x = query token * head_groups + head group,
@@ -20,16 +23,17 @@
 // partials for combine_kernel.
 //
 // Block: 384 threads, one CTA per SM (shared memory).
-//   wg 0 (consumer):  QK, the online softmax along M (a head's maximum over
-//                     the tile's 64 keys: quad-column shuffles, then one
-//                     exchange among the 4 warps through shared memory), P^T
+//   wg 0 (consumer):  QK, the online softmax along M with lazy rescaling (the
+//                     running reference maximum stays until a score exceeds
+//                     it by 2^8; only then a head's maximum over the tile's 64
+//                     keys: shuffles and an exchange among the 4 warps), P^T
 //                     to shared memory, O^T = alpha O^T + V^T P^T (64 fp32
 //                     registers), the epilogue.
-//   wg 1, 2 (producers): the codes of tile t+2 loaded into registers one tile
-//                     ahead, decoded into tile t's slot once its PV is done
-//                     (the wide kernel's value-warpgroup loaders, without PV).
+//   wg 1, 2 (producers): the codes of two tiles in flight in registers; the
+//                     next tile decoded into registers, then stored into its
+//                     slot once the tile that held the slot is through PV.
 //
-// Shared memory (operands 128-byte swizzled, see ptx_sm90.cuh):
+// Shared memory (operands 128-byte swizzled, see tile_loader_sm90.cuh):
 //   Q        16 heads x 576 dims, 9 column blocks of 16 rows (2 KB each)
 //   K/V ring 2 x (64 keys x 576 dims, 16-bit), 9 column blocks of 64 rows
 //   P^T      16 heads x 64 keys (one column block of 16 rows)
@@ -37,10 +41,10 @@
 //   bad-row flags, mbarriers, fp8's per-head Q scale. ~169 KB.
 //
 // Synchronisation (mbarriers; named barriers only within wg 0):
-//   full[slot]   producers arrive once tile t is decoded into `slot` and
+//   full[slot]   producers arrive once tile t is stored into `slot` and
 //                fenced for the tensor cores; the consumer waits before QK.
 //   empty[slot]  the consumer arrives once tile t's PV is complete; the
-//                producers wait before decoding tile t+2 into the slot.
+//                producers wait before storing tile t+2 into the slot.
 #pragma once
 
 #include <math_constants.h>
@@ -53,6 +57,7 @@
 #include "../decode_work.cuh"
 #include "../ptx_sm80.cuh"
 #include "ptx_sm90.cuh"
+#include "tile_loader_sm90.cuh"
 
 namespace mla_decode {
 namespace cuda {
@@ -69,11 +74,8 @@ constexpr int kBlockBytes = kTileTokens * 128;          // 8192: one column bloc
 constexpr int kStageBytes = kColBlocks * kBlockBytes;   // 73728
 constexpr int kStages = 2;
 constexpr int kSwizzleGroupBytes = 8 * 128;             // SBO: 8 rows of 128 bytes
-constexpr int kLoaderThreads = 256;                     // wg 1, 2
-constexpr int kLoadersPerToken = kLoaderThreads / kTileTokens;      // 4
 constexpr int kTokensPerLoaderWarp = 32 / kLoadersPerToken;         // 8: one bad-row word each
 constexpr int kFlagWords = kTileTokens / kTokensPerLoaderWarp;      // 8 per stage
-constexpr int kCodeChunks = kHeadDimQK / 16 / kLoadersPerToken;     // 9 chunks of 16 codes per loader
 
 enum NamedBarrier : int {
   kBarQ = 1,    // wg 0: Q stored
@@ -101,9 +103,6 @@ struct Smem {
 static_assert(Smem::kKv % 1024 == 0 && Smem::kPt % 1024 == 0, "swizzle atoms are 1024-byte aligned");
 static_assert(Smem::kBars % 8 == 0, "mbarrier alignment");
 
-__device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk, int block_bytes) {
-  return (chunk >> 3) * block_bytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
-}
 
 // A descriptor whose value the compiler must treat as unknown here, so the
 // descriptors derived from it by constant adds are computed where they are
@@ -131,36 +130,27 @@ constexpr int kProducerRegs = 184;
 struct MxChunkBf16 {
   uint32_t w[8];
 };
-// E <= 128: 2^(E-1) is a normal bf16, one multiply per pair (the common case:
-// block maxima below 2^4).
-__device__ __forceinline__ MxChunkBf16 mx_chunk_to_bf16_one_factor(uint2 codes, uint32_t e) {
-  const uint32_t scale = e8m0_to_bf16_one_factor(e);
-  MxChunkBf16 d;
-  d.w[0] = e2m1_pair_bits_one_factor<0>(codes.x, scale);
-  d.w[1] = e2m1_pair_bits_one_factor<1>(codes.x, scale);
-  d.w[2] = e2m1_pair_bits_one_factor<2>(codes.x, scale);
-  d.w[3] = e2m1_pair_bits_one_factor<3>(codes.x, scale);
-  d.w[4] = e2m1_pair_bits_one_factor<0>(codes.y, scale);
-  d.w[5] = e2m1_pair_bits_one_factor<1>(codes.y, scale);
-  d.w[6] = e2m1_pair_bits_one_factor<2>(codes.y, scale);
-  d.w[7] = e2m1_pair_bits_one_factor<3>(codes.y, scale);
-  return d;
+// Pair P of the 8 codes in w (codes P and P + 4): with one factor (E <= 128,
+// where 2^(E-1) is a normal bf16: the common case, block maxima below 2^4)
+// or two (any E).
+template <bool kOneFactor, int P>
+__device__ __forceinline__ uint32_t mx_pair_to_bf16(uint32_t w, uint32_t scale) {
+  if constexpr (kOneFactor) return e2m1_pair_bits_one_factor<P>(w, scale);
+  else return e2m1_pair_bits<P>(w, scale);
 }
-// E > 128 (and the NaN block, E = 255): two factors. Not inlined: rare, and
-// nine inlined copies per stored tile would overflow the instruction cache
-// (session 11: +16% no-instruction stalls with a duplicated decode loop).
+template <bool kOneFactor>
+__device__ __forceinline__ MxChunkBf16 mx_chunk_to_bf16(uint2 codes, uint32_t e) {
+  const uint32_t scale = kOneFactor ? e8m0_to_bf16_one_factor(e) : e8m0_to_bf16_scale_pair(e);
+  return MxChunkBf16{{mx_pair_to_bf16<kOneFactor, 0>(codes.x, scale), mx_pair_to_bf16<kOneFactor, 1>(codes.x, scale),
+                      mx_pair_to_bf16<kOneFactor, 2>(codes.x, scale), mx_pair_to_bf16<kOneFactor, 3>(codes.x, scale),
+                      mx_pair_to_bf16<kOneFactor, 0>(codes.y, scale), mx_pair_to_bf16<kOneFactor, 1>(codes.y, scale),
+                      mx_pair_to_bf16<kOneFactor, 2>(codes.y, scale), mx_pair_to_bf16<kOneFactor, 3>(codes.y, scale)}};
+}
+// E > 128 (and the NaN block, E = 255). Not inlined: rare, and nine inlined
+// copies per stored tile overflow the instruction cache (session 11: a
+// duplicated decode loop added 16% of no-instruction stalls).
 __device__ __noinline__ MxChunkBf16 mx_chunk_to_bf16_two_factors(uint2 codes, uint32_t e) {
-  const uint32_t scales = e8m0_to_bf16_scale_pair(e);
-  MxChunkBf16 d;
-  d.w[0] = e2m1_pair_bits<0>(codes.x, scales);
-  d.w[1] = e2m1_pair_bits<1>(codes.x, scales);
-  d.w[2] = e2m1_pair_bits<2>(codes.x, scales);
-  d.w[3] = e2m1_pair_bits<3>(codes.x, scales);
-  d.w[4] = e2m1_pair_bits<0>(codes.y, scales);
-  d.w[5] = e2m1_pair_bits<1>(codes.y, scales);
-  d.w[6] = e2m1_pair_bits<2>(codes.y, scales);
-  d.w[7] = e2m1_pair_bits<3>(codes.y, scales);
-  return d;
+  return mx_chunk_to_bf16<false>(codes, e);
 }
 // The dim stored at position j of an 8-dim group (MXFP4; fp8 keeps dim order).
 __device__ __forceinline__ int mx_dim_of_position(int j) { return (j >> 1) + 4 * (j & 1); }
@@ -225,42 +215,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_kernel(const Decode
       cp_async_commit();
       cp_async_wait<0>();
       if constexpr (kFp8) {
-        uint32_t amax = 0;
-#pragma unroll
-        for (int m = 0; m < kColBlocks; ++m) {
-          uint4 v;
-          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                       : "r"(q_smem + swizzled_offset(row, c8 + 8 * m, kQBlockBytes)));
-          amax = bf16_finite_abs_max(v.x, amax);
-          amax = bf16_finite_abs_max(v.y, amax);
-          amax = bf16_finite_abs_max(v.z, amax);
-          amax = bf16_finite_abs_max(v.w, amax);
-        }
-        amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-        amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-        amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
-        const int e = pow2_scale_exponent<141>(amax);  // max |q| * 2^e in [2^14, 2^15)
-        const float factor = __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
-        if (c8 == 0) q_scale[row] = __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
-#pragma unroll
-        for (int m = 0; m < kColBlocks; ++m) {
-          const uint32_t addr = q_smem + swizzled_offset(row, c8 + 8 * m, kQBlockBytes);
-          uint4 v;
-          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                       : "r"(addr));
-          uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const __half2 h = __floats2half2_rn(__uint_as_float(w[i] << 16) * factor,
-                                                __uint_as_float(w[i] & 0xFFFF0000u) * factor);
-            w[i] = *reinterpret_cast<const uint32_t*>(&h);
-          }
-          asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(w[0]), "r"(w[1]), "r"(w[2]),
-                       "r"(w[3])
-                       : "memory");
-        }
+        scale_q_row_to_f16<8>(q_smem, row, c8, kQBlockBytes, q_scale);  // the head's 8 lanes: 8k..8k+7
       } else {
         // MXFP4: each 8-dim group of Q into the producers' dim order (0, 4,
         // 1, 5, 2, 6, 3, 7) (mx_chunk_to_bf16_*); this thread's own chunks.
@@ -509,14 +464,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_kernel(const Decode
     const bool contiguous = p.layout == KvLayout::kIndptr;
     const int64_t contiguous_base =
         (contiguous && !work.orphan) ? static_cast<int64_t>(__ldg(p.kv_indptr + work.b)) : 0;
-    // Cache row of this thread's key of `tile`: -2 past the split (zero codes,
-    // masked by position), -1 for a bad index (zero codes, a NaN score).
-    auto key_row = [&](int tile) -> int64_t {
-      const int j = kv_begin + tile * kTileTokens + ld_token;
-      if (j >= kv_end) return -2;
-      const int64_t r = contiguous ? contiguous_base + j : kv_row(p, work.b, j);
-      return (r < 0 || r >= p.num_cache_rows) ? -1 : r;
-    };
+    const TileCodeLoader loader{p, kv_base, work.b, kv_begin, kv_end, ld_token, ld_c0, contiguous, contiguous_base};
     // Two tiles of codes in flight: buffer b holds those of the tiles of
     // parity b (36 fp8 / 27 MXFP4 registers each; session 11: one buffer left
     // the loads of ~one tile in flight per SM, 7% slower at MXFP4's large
@@ -529,24 +477,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_kernel(const Decode
     auto fetch_tile = [&](auto buf, int tile) {
       constexpr int B = decltype(buf)::value;
       if (tile < n_tiles) {
-        const int64_t r = key_row(tile);
+        const int64_t r = loader.key_row(tile);
         codes_bad[B] = __ballot_sync(0xffffffffu, r == -1);
-        if constexpr (kMx) {
-          const uint8_t* src = kv_base + (r >= 0 ? r : 0) * p.kv_row_stride_bytes + 8 * ld_c0;
-          const uint8_t* sc = p.mx_scale + (r >= 0 ? r : 0) * p.mx_scale_stride_row;
-#pragma unroll
-          for (int m = 0; m < kCodeChunks; ++m) {
-            const int blk = (ld_c0 + 4 * m) >> 1;
-            mx_codes[B][m] = r >= 0 ? __ldg(reinterpret_cast<const uint2*>(src + 32 * m)) : make_uint2(0, 0);
-            mx_e[B][m] = r >= 0 ? __ldg(sc + blk * p.mx_scale_stride_col) : 0u;
-          }
-        } else {
-          const uint8_t* src = kv_base + (r >= 0 ? r : 0) * p.kv_row_stride_bytes + 16 * ld_c0;
-#pragma unroll
-          for (int m = 0; m < kCodeChunks; ++m) {
-            codes[B][m] = r >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + 64 * m)) : make_uint4(0, 0, 0, 0);
-          }
-        }
+        loader.fetch<kMx>(r, codes[B], mx_codes[B], mx_e[B]);
       }
     };
     const uint32_t st_lo = kv_smem + ld_token * 128 + (((2 * ld_c0) ^ (ld_token & 7)) << 4);
@@ -563,7 +496,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_kernel(const Decode
         if constexpr (kMx) {
           // 16 codes into dim positions (0, 4, 1, 5, 2, 6, 3, 7) of each
           // 8-dim group: no reordering instructions.
-          const MxChunkBf16 d = mx_e[B][m] <= 128u ? mx_chunk_to_bf16_one_factor(mx_codes[B][m], mx_e[B][m])
+          const MxChunkBf16 d = mx_e[B][m] <= 128u ? mx_chunk_to_bf16<true>(mx_codes[B][m], mx_e[B][m])
                                                    : mx_chunk_to_bf16_two_factors(mx_codes[B][m], mx_e[B][m]);
 #pragma unroll
           for (int i = 0; i < 8; ++i) dec[m][i] = d.w[i];

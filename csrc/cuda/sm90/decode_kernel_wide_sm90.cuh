@@ -62,6 +62,7 @@
 #include "../decode_work.cuh"
 #include "../ptx_sm80.cuh"
 #include "ptx_sm90.cuh"
+#include "tile_loader_sm90.cuh"
 
 namespace mla_decode {
 namespace cuda {
@@ -131,11 +132,6 @@ struct Smem {
 static_assert(Smem::kKv % 1024 == 0 && Smem::kP % 1024 == 0, "swizzle atoms are 1024-byte aligned");
 static_assert(Smem::kBars % 8 == 0, "mbarrier alignment");
 
-// Byte offset of 16-byte chunk `chunk` (0..71) of row `row` in a 128-byte
-// swizzled operand whose column blocks (chunk / 8) are `block_bytes` apart.
-__device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk, int block_bytes) {
-  return (chunk >> 3) * block_bytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
-}
 
 // Register budgets of the fp8 kernel (setmaxnreg): the value warpgroups hold
 // O (128) and the codes of the next tile (36) besides their loop state, the
@@ -212,47 +208,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
       }
       cp_async_commit();
       cp_async_wait<0>();
-      if constexpr (kFp8) {
-        // f16 Q, scaled per head: max |q| * 2^e in [2^14, 2^15) (products
-        // with e4m3 codes, |k| <= 448, stay far inside fp32). Each thread
-        // converts the chunks it copied (its own cp.async, so no barrier
-        // before); the head's two threads are lanes 2k, 2k + 1. inf / NaN
-        // elements are left out of the maximum and stay inf / NaN in f16.
-        uint32_t amax = 0;  // bf16 bits of the largest finite |q| (compare as integers)
-#pragma unroll
-        for (int m = 0; m < kHeadDimQK / 8 / 2; ++m) {
-          uint4 v;
-          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                       : "r"(q_smem + swizzled_offset(row, c2 + 2 * m, kQBlockBytes)));
-          amax = bf16_finite_abs_max(v.x, amax);
-          amax = bf16_finite_abs_max(v.y, amax);
-          amax = bf16_finite_abs_max(v.z, amax);
-          amax = bf16_finite_abs_max(v.w, amax);
-        }
-        amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-        const int e = pow2_scale_exponent<141>(amax);  // max |q| * 2^e in [2^14, 2^15)
-        const float factor = __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
-        if (c2 == 0) q_scale[row] = __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
-#pragma unroll
-        for (int m = 0; m < kHeadDimQK / 8 / 2; ++m) {
-          const uint32_t addr = q_smem + swizzled_offset(row, c2 + 2 * m, kQBlockBytes);
-          uint4 v;
-          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                       : "r"(addr));
-          uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const __half2 h = __floats2half2_rn(__uint_as_float(w[i] << 16) * factor,
-                                                __uint_as_float(w[i] & 0xFFFF0000u) * factor);
-            w[i] = *reinterpret_cast<const uint32_t*>(&h);
-          }
-          asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(w[0]), "r"(w[1]), "r"(w[2]),
-                       "r"(w[3])
-                       : "memory");
-        }
-      }
+      // fp8: f16 Q scaled per head; the head's two threads are lanes 2k, 2k + 1.
+      if constexpr (kFp8) scale_q_row_to_f16<2>(q_smem, row, c2, kQBlockBytes, q_scale);
       fence_proxy_async_shared();
       bar_sync(kBarQ, 128);
     }
@@ -426,19 +383,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
   const uint8_t* kv_base = static_cast<const uint8_t*>(p.kv);
   const bool contiguous = p.layout == KvLayout::kIndptr;
   const int64_t contiguous_base = (contiguous && !work.orphan) ? static_cast<int64_t>(__ldg(p.kv_indptr + work.b)) : 0;
+  const TileCodeLoader loader{p, kv_base, work.b, kv_begin, kv_end, ld_token, ld_c0, contiguous, contiguous_base};
   const uint32_t ld_dst = kv_smem + ld_token * 128;
-  // Cache row of this thread's key of `tile`: -2 past the split (zero-filled
-  // or zero codes, masked by position), -1 for a bad index (a NaN score).
-  auto key_row = [&](int tile) -> int64_t {
-    const int j = kv_begin + tile * kTileTokens + ld_token;
-    if (j >= kv_end) return -2;
-    const int64_t r = contiguous ? contiguous_base + j : kv_row(p, work.b, j);
-    return (r < 0 || r >= p.num_cache_rows) ? -1 : r;
-  };
   auto issue_tile = [&](int tile) {
     if (tile < n_tiles) {
       const int slot = tile % kStages;
-      const int64_t r = key_row(tile);
+      const int64_t r = loader.key_row(tile);
       const uint32_t bad = __ballot_sync(0xffffffffu, r == -1);
       if (lane == 0) flags[slot * 8 + lt / 32] = bad;
       const uint8_t* src = kv_base + (r >= 0 ? r : 0) * p.kv_row_stride_bytes + 16 * ld_c0;
@@ -466,24 +416,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
   uint32_t mx_e[kHeadDimQK / 16 / 4];
   auto fetch_tile = [&](int tile) {
     if (tile < n_tiles) {
-      const int64_t r = key_row(tile);
+      const int64_t r = loader.key_row(tile);
       codes_bad = __ballot_sync(0xffffffffu, r == -1);
-      if constexpr (kMx) {
-        const uint8_t* src = kv_base + (r >= 0 ? r : 0) * p.kv_row_stride_bytes + 8 * ld_c0;
-        const uint8_t* sc = p.mx_scale + (r >= 0 ? r : 0) * p.mx_scale_stride_row;
-#pragma unroll
-        for (int m = 0; m < kHeadDimQK / 16 / 4; ++m) {
-          const int blk = (ld_c0 + 4 * m) >> 1;
-          mx_codes[m] = r >= 0 ? __ldg(reinterpret_cast<const uint2*>(src + 32 * m)) : make_uint2(0, 0);
-          mx_e[m] = r >= 0 ? __ldg(sc + blk * p.mx_scale_stride_col) : 0u;
-        }
-      } else {
-        const uint8_t* src = kv_base + (r >= 0 ? r : 0) * p.kv_row_stride_bytes + 16 * ld_c0;
-#pragma unroll
-        for (int m = 0; m < kHeadDimQK / 16 / 4; ++m) {
-          codes[m] = r >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + 64 * m)) : make_uint4(0, 0, 0, 0);
-        }
-      }
+      loader.fetch<kMx>(r, codes, mx_codes, mx_e);
     }
   };
   // f16 / bf16 chunks 2j and 2j + 1 of code chunk j = ld_c0 + 4m sit in

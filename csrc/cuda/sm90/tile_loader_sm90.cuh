@@ -1,0 +1,120 @@
+// Pieces shared by the Hopper wide and narrow kernels (decode_kernel_wide_sm90.cuh,
+// decode_kernel_narrow_sm90.cuh): the 128-byte swizzle of their wgmma operands,
+// the f16 per-head scaling of Q for OCP fp8 caches, and the loader warpgroups'
+// map of a 64-key tile of fp8 / MXFP4 codes onto 256 threads.
+#pragma once
+
+#include "../../mla_decode/addressing.h"
+#include "../../mla_decode/params.h"
+#include "../ptx_sm80.cuh"
+
+namespace mla_decode {
+namespace cuda {
+namespace sm90 {
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a K-major operand of
+// column blocks of `block_bytes` (64 16-bit elements = 128 bytes per row),
+// with the 128-byte swizzle: chunk c of row r sits at position c ^ (r % 8).
+__device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk, int block_bytes) {
+  return (chunk >> 3) * block_bytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
+}
+
+// OCP fp8: Q row `row` (576 bf16 already in shared memory, swizzled) to f16
+// scaled by 2^e per head, max |q| * 2^e in [2^14, 2^15), so that products
+// with e4m3 codes (|k| <= 448) stay far inside fp32. kThreadsPerRow threads
+// (consecutive lanes) share the row: thread c converts chunks c +
+// kThreadsPerRow m, the ones its own cp.async copied (no barrier before).
+// inf / NaN elements are left out of the maximum and stay inf / NaN in f16.
+// One thread per row stores 2^-e into q_scale[row].
+template <int kThreadsPerRow>
+__device__ __forceinline__ void scale_q_row_to_f16(uint32_t q_smem, int row, int c, int block_bytes, float* q_scale) {
+  static_assert(kThreadsPerRow == 2 || kThreadsPerRow == 8, "lanes of a row: 2 (wide) or 8 (narrow)");
+  constexpr int kChunks = kHeadDimQK / 8 / kThreadsPerRow;
+  uint32_t amax = 0;  // bf16 bits of the largest finite |q| (compare as integers)
+#pragma unroll
+  for (int m = 0; m < kChunks; ++m) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(q_smem + swizzled_offset(row, c + kThreadsPerRow * m, block_bytes)));
+    amax = bf16_finite_abs_max(v.x, amax);
+    amax = bf16_finite_abs_max(v.y, amax);
+    amax = bf16_finite_abs_max(v.z, amax);
+    amax = bf16_finite_abs_max(v.w, amax);
+  }
+#pragma unroll
+  for (int lanes = 1; lanes < kThreadsPerRow; lanes *= 2) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, lanes));
+  const int e = pow2_scale_exponent<141>(amax);  // max |q| * 2^e in [2^14, 2^15)
+  const float factor = __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
+  if (c == 0) q_scale[row] = __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
+#pragma unroll
+  for (int m = 0; m < kChunks; ++m) {
+    const uint32_t addr = q_smem + swizzled_offset(row, c + kThreadsPerRow * m, block_bytes);
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+    uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const __half2 h =
+          __floats2half2_rn(__uint_as_float(w[i] << 16) * factor, __uint_as_float(w[i] & 0xFFFF0000u) * factor);
+      w[i] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+                 : "memory");
+  }
+}
+
+// The loader warpgroups' map of a 64-key tile: thread lt (0..255) handles key
+// lt / 4 and the 16-code chunks j = lt % 4 + 4m (m = 0..8; dims 16j..16j+15),
+// so a warp reads 8 keys x 64 contiguous bytes (fp8) per instruction.
+constexpr int kLoaderThreads = 256;
+constexpr int kLoaderTileTokens = 64;
+constexpr int kLoadersPerToken = kLoaderThreads / kLoaderTileTokens;  // 4
+constexpr int kCodeChunks = kHeadDimQK / 16 / kLoadersPerToken;       // 9
+
+struct TileCodeLoader {
+  const MlaDecodeParams& p;
+  const uint8_t* kv_base;   // p.kv
+  int b;                    // batch item
+  int kv_begin, kv_end;     // the split's keys
+  int ld_token, ld_c0;      // this thread's key of a tile and first chunk
+  bool contiguous;          // indptr layout: rows kv_indptr[b] + j
+  int64_t contiguous_base;  // kv_indptr[b] (0 for an orphan token)
+
+  // Cache row of this thread's key of `tile`: -2 past the split (zero codes,
+  // masked by position), -1 for a bad index (zero codes, a NaN score).
+  __device__ __forceinline__ int64_t key_row(int tile) const {
+    const int j = kv_begin + tile * kLoaderTileTokens + ld_token;
+    if (j >= kv_end) return -2;
+    const int64_t r = contiguous ? contiguous_base + j : kv_row(p, b, j);
+    return (r < 0 || r >= p.num_cache_rows) ? -1 : r;
+  }
+
+  // The codes of cache row r (zeros for r < 0) into registers. fp8: chunk m
+  // is 16 codes (16 bytes); MXFP4: 16 codes (8 bytes) and the E8M0 byte of
+  // their block (chunk j is half of block j / 2).
+  template <bool kMx>
+  __device__ __forceinline__ void fetch(int64_t r, uint4 (&codes)[kCodeChunks], uint2 (&mx_codes)[kCodeChunks],
+                                        uint32_t (&mx_e)[kCodeChunks]) const {
+    if constexpr (kMx) {
+      const uint8_t* src = kv_base + (r >= 0 ? r : 0) * p.kv_row_stride_bytes + 8 * ld_c0;
+      const uint8_t* sc = p.mx_scale + (r >= 0 ? r : 0) * p.mx_scale_stride_row;
+#pragma unroll
+      for (int m = 0; m < kCodeChunks; ++m) {
+        const int blk = (ld_c0 + 4 * m) >> 1;
+        mx_codes[m] = r >= 0 ? __ldg(reinterpret_cast<const uint2*>(src + 32 * m)) : make_uint2(0, 0);
+        mx_e[m] = r >= 0 ? __ldg(sc + blk * p.mx_scale_stride_col) : 0u;
+      }
+    } else {
+      const uint8_t* src = kv_base + (r >= 0 ? r : 0) * p.kv_row_stride_bytes + 16 * ld_c0;
+#pragma unroll
+      for (int m = 0; m < kCodeChunks; ++m) {
+        codes[m] = r >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + 64 * m)) : make_uint4(0, 0, 0, 0);
+      }
+    }
+  }
+};
+
+}  // namespace sm90
+}  // namespace cuda
+}  // namespace mla_decode
