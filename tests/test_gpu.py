@@ -100,8 +100,10 @@ def test_split_calls_with_growing_rows_and_graph_replays_in_between(fmt):
         check_against_reference(case, out, lse)
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "mxfp4"])
 def test_long_sequence(fmt):
+    """9000 keys in one item: long split loops (the narrow kernel's lazy rescaling over ~140
+    tiles for MXFP4, and for fp8 in the narrow child suite)."""
     case = make_case(fmt, "paged", 16, 1, [9000, 3], seed=77, device=DEV, page_size=64)
     out, lse = torch.ops.mla_decode.decode(*case.args(), 0)
     check_against_reference(case, out, lse)
