@@ -1,6 +1,7 @@
 // One wgmma.m64n16k16 (bf16) on operands laid out exactly as the narrow kernel
-// (docs/experiments/narrow-h16.patch) lays them out, so its riskiest
-// assumption can be checked in isolation on an H100/H200
+// (csrc/cuda/sm90/decode_kernel_narrow_sm90.cuh) lays them out, with its
+// swizzle (swizzled_offset), so its operand layouts can be checked in
+// isolation on an H100/H200
 // (scripts/wgmma_probe.py builds this with nvcc and compares with torch):
 //   mode 0 (QK):  A = 64 rows (keys) x 16 K, K-major, 128-byte swizzled rows
 //                 of a 64-key tile; B = 16 rows (heads) x 16 K, K-major.
@@ -15,12 +16,12 @@
 #include <cstdint>
 
 #include "../csrc/cuda/sm90/ptx_sm90.cuh"
+#include "../csrc/cuda/sm90/tile_loader_sm90.cuh"
 
 using namespace mla_decode::cuda::sm90;
 
-__device__ __forceinline__ uint32_t sw128(int row, int chunk) {  // byte offset in a 128-byte-row block
-  return row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
-}
+// Byte offset of 16-byte chunk `chunk` (< 8) of row `row` in one 128-byte-row column block.
+__device__ __forceinline__ uint32_t sw128(int row, int chunk) { return swizzled_offset(row, chunk, 0); }
 
 __global__ void __launch_bounds__(128) wgmma_probe_kernel(const uint16_t* a_or_v, const uint16_t* b, float* d,
                                                           int mode) {

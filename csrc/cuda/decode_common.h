@@ -61,6 +61,16 @@ constexpr int kBlockNWgmma = 64;  // tokens per stage of the Hopper fp8 kernel (
 bool fp8_uses_wgmma(const MlaDecodeParams& p);
 cudaError_t launch_fp8_wgmma(const DecodeLaunch& args, cudaStream_t stream);
 
+// Cache and query rows that start on 16-byte boundaries: what the Hopper wide
+// and narrow kernels' 16-byte chunk copies and code loads need. The operator's
+// validation already requires it of every GPU call (csrc/ops/validation.cpp);
+// the kernels' applicability tests check it again rather than rely on that.
+inline bool rows_16_byte_aligned(const MlaDecodeParams& p) {
+  auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  return aligned(p.kv) && p.kv_row_stride_bytes % 16 == 0 && aligned(p.q) && (p.q_stride_token * 2) % 16 == 0 &&
+         (p.q_stride_head * 2) % 16 == 0;
+}
+
 // Hopper (sm90/decode_wide_sm90.cu): whether a bf16, OCP fp8 or MXFP4 call
 // may run on the wide kernel (64 heads per CTA on wgmma: H >= 64, built with
 // an sm_90a target, a compute capability 9.0 device whose per-block shared

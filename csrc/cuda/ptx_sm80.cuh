@@ -135,20 +135,24 @@ __device__ __forceinline__ uint32_t e4m3fnuz_x2_to_bf16x2(uint32_t two_codes) {
 
 // E2M1 decode without a table. (code & 7) << 6 read as bf16 bits is exactly
 // |code| * 2^-126 (code 1, 0.5, lands on the subnormal 2^-127), and code bit 3
-// is the sign. Returns the
-// bf16x2 pair {code p (low half), code p+4 (high half)} of the 8 codes in `w`,
-// times 2^(E-127), given `scales` = bf16 {2^floor((E-1)/2), 2^ceil((E-1)/2)}
-// (two factors because 2^(E-1) overflows bf16 for E > 128). 6 instructions per
-// pair (2 shifts, 2 masks, 2 multiplies); the prmt-table decode it replaced
-// took 7 plus the lookup (docs/performance.md, v21).
+// is the sign: e2m1_pair_unscaled_bits gives the bf16x2 pair {code p (low
+// half), code p+4 (high half)} of the 8 codes in `w` so placed (2 shifts, 2
+// masks). e2m1_pair_bits returns that pair times 2^(E-127), given `scales` =
+// bf16 {2^floor((E-1)/2), 2^ceil((E-1)/2)} (two factors because 2^(E-1)
+// overflows bf16 for E > 128): 6 instructions per pair; the prmt-table decode
+// it replaced took 7 plus the lookup (docs/performance.md, v21).
 template <int P>
-__device__ __forceinline__ uint32_t e2m1_pair_bits(uint32_t w, uint32_t scales) {
+__device__ __forceinline__ uint32_t e2m1_pair_unscaled_bits(uint32_t w) {
   constexpr int kMag = 6 - 4 * P;   // nibble bits 0-2 -> bf16 bits 6-8 (and 22-24)
   constexpr int kSgn = 12 - 4 * P;  // nibble bit 3 -> bf16 bit 15 (and 31)
   const uint32_t mag = (kMag >= 0 ? (w << kMag) : (w >> -kMag)) & 0x01C001C0u;
   const uint32_t sgn = (w << kSgn) & 0x80008000u;
+  return mag | sgn;
+}
+template <int P>
+__device__ __forceinline__ uint32_t e2m1_pair_bits(uint32_t w, uint32_t scales) {
   const __nv_bfloat162 sc = bits_bf16x2(scales);
-  const __nv_bfloat162 y = __hmul2(bits_bf16x2(mag | sgn), __low2bfloat162(sc));
+  const __nv_bfloat162 y = __hmul2(bits_bf16x2(e2m1_pair_unscaled_bits<P>(w)), __low2bfloat162(sc));
   return bf16x2_bits(__hmul2(y, __high2bfloat162(sc)));
 }
 
@@ -156,11 +160,7 @@ __device__ __forceinline__ uint32_t e2m1_pair_bits(uint32_t w, uint32_t scales) 
 // is a normal bf16: `scale` = bf16x2 {2^(E-1), 2^(E-1)} (e8m0_to_bf16_one_factor).
 template <int P>
 __device__ __forceinline__ uint32_t e2m1_pair_bits_one_factor(uint32_t w, uint32_t scale) {
-  constexpr int kMag = 6 - 4 * P;
-  constexpr int kSgn = 12 - 4 * P;
-  const uint32_t mag = (kMag >= 0 ? (w << kMag) : (w >> -kMag)) & 0x01C001C0u;
-  const uint32_t sgn = (w << kSgn) & 0x80008000u;
-  return bf16x2_bits(__hmul2(bits_bf16x2(mag | sgn), bits_bf16x2(scale)));
+  return bf16x2_bits(__hmul2(bits_bf16x2(e2m1_pair_unscaled_bits<P>(w)), bits_bf16x2(scale)));
 }
 // bf16x2 {2^(E-1), 2^(E-1)} for E in [0, 128] (biased exponent E + 126).
 __device__ __forceinline__ uint32_t e8m0_to_bf16_one_factor(uint32_t e) {

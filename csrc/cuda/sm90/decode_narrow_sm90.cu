@@ -45,8 +45,6 @@ cudaError_t launch_narrow_format(const DecodeLaunch& args, cudaStream_t stream) 
   return cudaGetLastError();
 }
 
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
 }  // namespace
 
 int narrow_smem_bytes() { return sm90::narrow::Smem::kTotal; }
@@ -57,8 +55,7 @@ bool narrow_kernel_applies(const MlaDecodeParams& p, int smem_per_block_optin) {
 #if defined(MLA_DECODE_SM90A)
   if (p.num_heads >= kWideRows || narrow_switch(p.format) == NarrowSwitch::kOff) return false;
   if (smem_per_block_optin < narrow_smem_bytes()) return false;
-  if (!aligned16(p.kv) || p.kv_row_stride_bytes % 16 != 0) return false;  // 16-byte (fp8) / 8-byte (MXFP4) code loads
-  if (!aligned16(p.q) || (p.q_stride_token * 2) % 16 != 0 || (p.q_stride_head * 2) % 16 != 0) return false;
+  if (!rows_16_byte_aligned(p)) return false;
   return current_device_runs_sm90a();
 #else
   (void)p;

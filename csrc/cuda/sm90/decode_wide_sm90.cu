@@ -52,8 +52,6 @@ cudaError_t launch_wide_format(const DecodeLaunch& args, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
 }  // namespace
 
 int wide_smem_bytes() { return sm90::wide::Smem::kTotal; }
@@ -64,10 +62,7 @@ bool wide_kernel_applies(const MlaDecodeParams& p, int smem_per_block_optin) {
 #if defined(MLA_DECODE_SM90A)
   if (p.num_heads < kWideRows || wide_switch(p.format) == WideSwitch::kOff) return false;
   if (smem_per_block_optin < wide_smem_bytes()) return false;
-  // 16-byte chunks of cache rows (cp.async, or 16-byte loads of fp8 codes)
-  // and query rows.
-  if (!aligned16(p.kv) || p.kv_row_stride_bytes % 16 != 0) return false;
-  if (!aligned16(p.q) || (p.q_stride_token * 2) % 16 != 0 || (p.q_stride_head * 2) % 16 != 0) return false;
+  if (!rows_16_byte_aligned(p)) return false;
   return current_device_runs_sm90a();
 #else
   (void)p;
