@@ -16,8 +16,8 @@ namespace {
 
 // Per format, read once per process. MXFP4: on by the plan's size threshold
 // (narrow_kernel_pays_off), MLA_DECODE_MXFP4_KERNEL=narrow forces it, =mma
-// turns it off. OCP fp8: off (slower than the mma.sync kernel at H = 16,
-// docs/performance.md session 11) unless MLA_DECODE_FP8_KERNEL=narrow.
+// turns it off. OCP fp8 the same with MLA_DECODE_FP8_KERNEL, on a stricter
+// threshold (long sequences only: narrow_kernel_pays_off).
 enum class NarrowSwitch { kOff, kByPlan, kForced };
 NarrowSwitch narrow_switch(KvFormat format) {
   auto read = [](const char* name, NarrowSwitch unset) {
@@ -26,7 +26,7 @@ NarrowSwitch narrow_switch(KvFormat format) {
     if (v != nullptr && std::strcmp(v, "mma") == 0) return NarrowSwitch::kOff;
     return unset;
   };
-  static const NarrowSwitch fp8 = read("MLA_DECODE_FP8_KERNEL", NarrowSwitch::kOff);
+  static const NarrowSwitch fp8 = read("MLA_DECODE_FP8_KERNEL", NarrowSwitch::kByPlan);
   static const NarrowSwitch mxfp4 = read("MLA_DECODE_MXFP4_KERNEL", NarrowSwitch::kByPlan);
   if (format == KvFormat::kFp8E4M3FN) return fp8;
   if (format == KvFormat::kMxfp4) return mxfp4;
