@@ -4,7 +4,9 @@
 # shared-memory limits), without a GPU: scripts/plan_harness/plan_table.cu is
 # compiled by nvcc against each tree's csrc/ and the outputs are diffed.
 # Use it after any change to csrc/cuda/decode_launch.cu or decode_smem.h to
-# know whether a timing change can come from the plan.
+# know whether a timing change can come from the plan. The Hopper wide and
+# narrow kernels are modelled for the 132-SM, 227 KB inputs (see the harness's
+# header); revisions from session 11 on (the harness needs the narrow kernel).
 #   scripts/plan_compare.sh [REV]      exit 0: identical, 1: plans differ (diff shown)
 set -euo pipefail
 cd "$(dirname "$0")/.."

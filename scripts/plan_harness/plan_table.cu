@@ -1,22 +1,46 @@
-// Prints the split plan (head groups, splits, ring stages, shared memory) of
-// csrc/cuda/decode_launch.cu for a grid of shapes, formats, layouts, SM
-// counts and device shared-memory limits, one line per input, so two trees'
-// plans can be compared without a GPU (scripts/plan_compare.sh). The Hopper
-// fp8 wgmma kernel is stubbed out (as if MLA_DECODE_FP8_KERNEL were unset), so
-// is the wide kernel (as if MLA_DECODE_BF16_KERNEL=mma and MLA_DECODE_FP8_KERNEL=mma), and no kernel is
-// launched: only plan_splits runs.
+// Prints the split plan (kernel, head groups, splits, ring stages, shared
+// memory) of csrc/cuda/decode_launch.cu for a grid of shapes, formats,
+// layouts, SM counts and device shared-memory limits, one line per input, so
+// two trees' plans can be compared without a GPU (scripts/plan_compare.sh;
+// trees from session 11 on, which have the narrow kernel). No kernel is
+// launched: only plan_splits runs. The fp8 wgmma kernel is off (as if
+// MLA_DECODE_FP8_KERNEL were unset). The Hopper wide and narrow kernels
+// apply as on an H100/H200 with a 9.0a build and the switches unset, as this
+// tree sets their defaults (every format by plan): for the inputs with 132
+// SMs and 227 KB per block, aligned rows (the harness's inputs are), wide for
+// bf16 / OCP fp8 / MXFP4 at H >= 64, narrow for OCP fp8 / MXFP4 at H < 64;
+// so their size thresholds are compared too. (Against a tree whose default
+// kept a format off a Hopper kernel, that format's differences are the
+// harness's, not the plan's: session 11's fp8 narrow opt-in, for one.)
 #include "cuda/decode_launch.cu"
+#include "cuda/sm90/decode_kernel_narrow_sm90.cuh"
+#include "cuda/sm90/decode_kernel_wide_sm90.cuh"
 
 #include <cstdio>
 
 namespace mla_decode {
 namespace cuda {
+// The device being planned for: Hopper-like when it has 132 SMs and 227 KB
+// of shared memory per block.
+bool g_hopper = false;
 bool fp8_uses_wgmma(const MlaDecodeParams&) { return false; }
 cudaError_t launch_fp8_wgmma(const DecodeLaunch&, cudaStream_t) { return cudaErrorNotSupported; }
-int wide_smem_bytes() { return 0; }
-int wide_tile_tokens() { return 64; }
-bool wide_kernel_applies(const MlaDecodeParams&, int) { return false; }
+int wide_smem_bytes() { return sm90::wide::Smem::kTotal; }
+int wide_tile_tokens() { return sm90::wide::kTileTokensDefault; }
+bool wide_kernel_applies(const MlaDecodeParams& p, int smem_per_block_optin) {
+  const bool format_ok = p.format == KvFormat::kBf16 || p.format == KvFormat::kFp8E4M3FN || p.format == KvFormat::kMxfp4;
+  return g_hopper && format_ok && p.num_heads >= kWideRows && smem_per_block_optin >= wide_smem_bytes();
+}
+bool wide_kernel_forced(KvFormat) { return false; }
 cudaError_t launch_wide(const DecodeLaunch&, cudaStream_t) { return cudaErrorNotSupported; }
+int narrow_smem_bytes() { return sm90::narrow::Smem::kTotal; }
+int narrow_tile_tokens() { return sm90::narrow::kTileTokens; }
+bool narrow_kernel_applies(const MlaDecodeParams& p, int smem_per_block_optin) {
+  const bool format_ok = p.format == KvFormat::kFp8E4M3FN || p.format == KvFormat::kMxfp4;
+  return g_hopper && format_ok && p.num_heads < kWideRows && smem_per_block_optin >= narrow_smem_bytes();
+}
+bool narrow_kernel_forced(KvFormat) { return false; }
+cudaError_t launch_narrow(const DecodeLaunch&, cudaStream_t) { return cudaErrorNotSupported; }
 template <KvFormat F>
 cudaError_t launch_split_kernel(const DecodeLaunch&, cudaStream_t) { return cudaErrorNotSupported; }
 template cudaError_t launch_split_kernel<KvFormat::kBf16>(const DecodeLaunch&, cudaStream_t);
@@ -55,13 +79,15 @@ int main() {
                     p.page_size = 64;
                     p.max_pages_per_seq = (kv + 63) / 64;
                     DeviceLimits dev;
+                    g_hopper = sms == 132 && lim[0] == 232448;
                     dev.num_sms = sms;
                     dev.smem_per_block_optin = lim[0];
                     dev.smem_per_sm = lim[1];
                     const SplitPlan plan = plan_splits(p, dev, requested);
-                    std::printf("fmt%d lay%d H%d B%d q%d kv%d req%d sm%d lim%d: groups %d splits %d stages %d smem %d\n",
+                    const char* kernel = plan.wide ? "wide" : plan.narrow ? "narrow" : "mma";
+                    std::printf("fmt%d lay%d H%d B%d q%d kv%d req%d sm%d lim%d: %s groups %d splits %d stages %d smem %d\n",
                                 static_cast<int>(f), static_cast<int>(layout), heads, batch, q_len, kv, requested, sms,
-                                lim[0], plan.head_groups, plan.num_splits, plan.stages, plan.smem_bytes);
+                                lim[0], kernel, plan.head_groups, plan.num_splits, plan.stages, plan.smem_bytes);
                     ++n;
                   }
   std::fprintf(stderr, "%ld plans\n", n);
