@@ -71,6 +71,15 @@ inline bool rows_16_byte_aligned(const MlaDecodeParams& p) {
          (p.q_stride_head * 2) % 16 == 0;
 }
 
+// The kernel switches, read once per process: MLA_DECODE_BF16_KERNEL,
+// MLA_DECODE_FP8_KERNEL (OCP fp8) and MLA_DECODE_MXFP4_KERNEL (other formats:
+// kByPlan). "mma" keeps the format on the mma.sync kernel; "wide" / "narrow"
+// put every call that Hopper kernel can run on it (tests, A/B runs); "wgmma"
+// (fp8) selects session 4's fp8 kernel; unset or anything else leaves the
+// choice to the plan (decode_launch.cu). Measured: docs/performance.md.
+enum class KernelSwitch { kByPlan, kMma, kWide, kNarrow, kWgmma };
+KernelSwitch kernel_switch(KvFormat format);
+
 // Hopper (sm90/decode_wide_sm90.cu): whether a bf16, OCP fp8 or MXFP4 call
 // may run on the wide kernel (64 heads per CTA on wgmma: H >= 64, built with
 // an sm_90a target, a compute capability 9.0 device whose per-block shared
@@ -89,9 +98,9 @@ cudaError_t launch_wide(const DecodeLaunch& args, cudaStream_t stream);
 // Hopper (sm90/decode_narrow_sm90.cu): whether an OCP fp8 or MXFP4 call with
 // H < 64 can run on the narrow kernel (an sm_90a build and device, per-block
 // shared memory for narrow_smem_bytes(), 16-byte aligned rows, and the
-// format's switch not off: MXFP4 by default, fp8 only with
-// MLA_DECODE_FP8_KERNEL=narrow), whether the switch forces it regardless of
-// size, and its launcher. Splits are multiples of narrow_tile_tokens() keys,
+// format's switch not "mma"), whether the switch ("narrow") makes every such
+// call take it (the plan otherwise decides by size: narrow_kernel_pays_off),
+// and its launcher. Splits are multiples of narrow_tile_tokens() keys,
 // head groups kNarrowRows heads.
 int narrow_smem_bytes();
 int narrow_tile_tokens();
@@ -139,6 +148,25 @@ inline cudaError_t opt_in_dynamic_smem(Kernel kernel, int bytes, unsigned long l
     __atomic_fetch_or(&configured, 1ull << dev, __ATOMIC_ACQ_REL);
   }
   return cudaSuccess;
+}
+
+// The split kernels' grid: x = query token * head groups + head group,
+// y = KV split.
+inline dim3 split_grid(const DecodeLaunch& args) {
+  return dim3(static_cast<unsigned>(args.p.total_q) * args.head_groups, args.num_splits);
+}
+
+// Launches `kernel(args)` on `grid` with `threads` per block and `smem_bytes`
+// of dynamic shared memory, after opt_in_dynamic_smem (`configured`: a
+// function-local static of the caller, one per kernel); the launch is checked.
+template <typename Kernel>
+inline cudaError_t launch_with_dynamic_smem(Kernel kernel, dim3 grid, int threads, int smem_bytes,
+                                            unsigned long long& configured, const DecodeLaunch& args,
+                                            cudaStream_t stream) {
+  const cudaError_t err = opt_in_dynamic_smem(kernel, smem_bytes, configured);
+  if (err != cudaSuccess) return err;
+  kernel<<<grid, threads, smem_bytes, stream>>>(args);
+  return cudaGetLastError();
 }
 
 // Launches `kernel` as a programmatic dependent of the work before it on

@@ -778,10 +778,8 @@ cudaError_t launch_ring(const DecodeLaunch& args, dim3 grid, cudaStream_t stream
   constexpr int kSmem = SmemLayout<F, kStagesT>::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
   static unsigned long long configured_devices = 0;
-  const cudaError_t err = opt_in_dynamic_smem(mla_decode_split_kernel<F, kStagesT>, kSmem, configured_devices);
-  if (err != cudaSuccess) return err;
-  mla_decode_split_kernel<F, kStagesT><<<grid, kThreads, kSmem, stream>>>(args);
-  return cudaGetLastError();
+  return launch_with_dynamic_smem(mla_decode_split_kernel<F, kStagesT>, grid, kThreads, kSmem, configured_devices,
+                                  args, stream);
 }
 
 // Launches the split kernel of format F with the ring depth the plan chose
@@ -802,7 +800,7 @@ cudaError_t launch_split_kernel(const DecodeLaunch& args, cudaStream_t stream) {
     // Hopper, H < 64, opted in: keys as the M of wgmma (sm90/decode_kernel_narrow_sm90.cuh).
     if (args.narrow) return launch_narrow(args, stream);
   }
-  const dim3 grid(static_cast<unsigned>(args.p.total_q) * args.head_groups, args.num_splits);
+  const dim3 grid = split_grid(args);
   using T = FormatTraits<F>;
   if (args.stages == T::kStages) return launch_ring<F, T::kStages>(args, grid, stream);
   if (args.stages == T::kAltStages) return launch_ring<F, T::kAltStages>(args, grid, stream);

@@ -1,6 +1,8 @@
 // Split planning, the split-combine kernel, and the format dispatch. Shared
 // by CUDA and HIP (hipified): vendor differences go through portability.h.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "../mla_decode/portability.h"
 #include "decode_common.h"
@@ -10,6 +12,29 @@
 
 namespace mla_decode {
 namespace cuda {
+
+#if !MLA_PLATFORM_HIP
+KernelSwitch kernel_switch(KvFormat format) {
+  auto read = [](const char* name) {
+    const char* v = std::getenv(name);
+    if (v == nullptr) return KernelSwitch::kByPlan;
+    if (std::strcmp(v, "mma") == 0) return KernelSwitch::kMma;
+    if (std::strcmp(v, "wide") == 0) return KernelSwitch::kWide;
+    if (std::strcmp(v, "narrow") == 0) return KernelSwitch::kNarrow;
+    if (std::strcmp(v, "wgmma") == 0) return KernelSwitch::kWgmma;
+    return KernelSwitch::kByPlan;
+  };
+  static const KernelSwitch bf16 = read("MLA_DECODE_BF16_KERNEL");
+  static const KernelSwitch fp8 = read("MLA_DECODE_FP8_KERNEL");
+  static const KernelSwitch mxfp4 = read("MLA_DECODE_MXFP4_KERNEL");
+  switch (format) {
+    case KvFormat::kBf16: return bf16;
+    case KvFormat::kFp8E4M3FN: return fp8;
+    case KvFormat::kMxfp4: return mxfp4;
+    default: return KernelSwitch::kByPlan;
+  }
+}
+#endif
 
 template <KvFormat F>
 cudaError_t launch_split_kernel(const DecodeLaunch& args, cudaStream_t stream);

@@ -3,33 +3,18 @@
 #include "../../mla_decode/portability.h"
 #if !MLA_PLATFORM_HIP
 
-#include <cstdlib>
-#include <cstring>
-
 #include "decode_kernel_sm90.cuh"
 
 namespace mla_decode {
 namespace cuda {
 
-namespace {
-
-// MLA_DECODE_FP8_KERNEL=wgmma opts in to the Hopper kernel; read once per
-// process. It is correct (the whole fp8 GPU suite passes on it) but, as of
-// session 4, slower than the mma.sync kernel on every benchmark shape
-// (docs/performance.md, v22-v26), so it is not the default.
-bool wgmma_requested_by_env() {
-  static const bool requested = [] {
-    const char* v = std::getenv("MLA_DECODE_FP8_KERNEL");
-    return v != nullptr && std::strcmp(v, "wgmma") == 0;
-  }();
-  return requested;
-}
-
-}  // namespace
-
+// MLA_DECODE_FP8_KERNEL=wgmma opts in to this kernel. It is correct (the whole
+// fp8 GPU suite passes on it) but, as of session 4, slower than the mma.sync
+// kernel on every benchmark shape (docs/performance.md, v22-v26), so it is not
+// the default.
 bool fp8_uses_wgmma(const MlaDecodeParams& p) {
 #if defined(MLA_DECODE_SM90A)
-  if (p.format != KvFormat::kFp8E4M3FN || !wgmma_requested_by_env()) return false;
+  if (p.format != KvFormat::kFp8E4M3FN || kernel_switch(p.format) != KernelSwitch::kWgmma) return false;
   // Its cp.async copies 16-byte chunks of each row.
   if (reinterpret_cast<uintptr_t>(p.kv) % 16 != 0 || p.kv_row_stride_bytes % 16 != 0) return false;
   return current_device_runs_sm90a();
@@ -43,11 +28,8 @@ cudaError_t launch_fp8_wgmma(const DecodeLaunch& args, cudaStream_t stream) {
   constexpr int kSmem = sm90::Smem::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
   static unsigned long long configured_devices = 0;
-  const cudaError_t err = opt_in_dynamic_smem(sm90::decode_fp8_wgmma_kernel, kSmem, configured_devices);
-  if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>(args.p.total_q) * args.head_groups, args.num_splits);
-  sm90::decode_fp8_wgmma_kernel<<<grid, sm90::kThreads, kSmem, stream>>>(args);
-  return cudaGetLastError();
+  return launch_with_dynamic_smem(sm90::decode_fp8_wgmma_kernel, split_grid(args), sm90::kThreads, kSmem,
+                                  configured_devices, args, stream);
 }
 
 }  // namespace cuda

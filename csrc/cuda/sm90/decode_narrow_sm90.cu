@@ -4,9 +4,6 @@
 #include "../../mla_decode/portability.h"
 #if !MLA_PLATFORM_HIP
 
-#include <cstdlib>
-#include <cstring>
-
 #include "decode_kernel_narrow_sm90.cuh"
 
 namespace mla_decode {
@@ -14,23 +11,18 @@ namespace cuda {
 
 namespace {
 
-// Per format, read once per process. MXFP4: on by the plan's size threshold
-// (narrow_kernel_pays_off), MLA_DECODE_MXFP4_KERNEL=narrow forces it, =mma
-// turns it off. OCP fp8 the same with MLA_DECODE_FP8_KERNEL, on a stricter
-// threshold (long sequences only: narrow_kernel_pays_off).
+// The narrow kernel's switch for a format (kernel_switch, decode_common.h):
+// "mma" turns it off, "narrow" forces it, anything else leaves it to the
+// plan's size thresholds (narrow_kernel_pays_off: MXFP4 from 16k query tokens
+// x keys, OCP fp8 on long sequences only).
 enum class NarrowSwitch { kOff, kByPlan, kForced };
 NarrowSwitch narrow_switch(KvFormat format) {
-  auto read = [](const char* name, NarrowSwitch unset) {
-    const char* v = std::getenv(name);
-    if (v != nullptr && std::strcmp(v, "narrow") == 0) return NarrowSwitch::kForced;
-    if (v != nullptr && std::strcmp(v, "mma") == 0) return NarrowSwitch::kOff;
-    return unset;
-  };
-  static const NarrowSwitch fp8 = read("MLA_DECODE_FP8_KERNEL", NarrowSwitch::kByPlan);
-  static const NarrowSwitch mxfp4 = read("MLA_DECODE_MXFP4_KERNEL", NarrowSwitch::kByPlan);
-  if (format == KvFormat::kFp8E4M3FN) return fp8;
-  if (format == KvFormat::kMxfp4) return mxfp4;
-  return NarrowSwitch::kOff;
+  if (format != KvFormat::kFp8E4M3FN && format != KvFormat::kMxfp4) return NarrowSwitch::kOff;
+  switch (kernel_switch(format)) {
+    case KernelSwitch::kMma: return NarrowSwitch::kOff;
+    case KernelSwitch::kNarrow: return NarrowSwitch::kForced;
+    default: return NarrowSwitch::kByPlan;
+  }
 }
 
 template <KvFormat F>
@@ -38,11 +30,8 @@ cudaError_t launch_narrow_format(const DecodeLaunch& args, cudaStream_t stream) 
   constexpr int kSmem = sm90::narrow::Smem::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
   static unsigned long long configured_devices = 0;
-  const cudaError_t err = opt_in_dynamic_smem(sm90::narrow::decode_narrow_kernel<F>, kSmem, configured_devices);
-  if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>(args.p.total_q) * args.head_groups, args.num_splits);
-  sm90::narrow::decode_narrow_kernel<F><<<grid, sm90::narrow::kThreads, kSmem, stream>>>(args);
-  return cudaGetLastError();
+  return launch_with_dynamic_smem(sm90::narrow::decode_narrow_kernel<F>, split_grid(args), sm90::narrow::kThreads,
+                                  kSmem, configured_devices, args, stream);
 }
 
 }  // namespace

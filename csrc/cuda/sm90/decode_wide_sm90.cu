@@ -4,9 +4,6 @@
 #include "../../mla_decode/portability.h"
 #if !MLA_PLATFORM_HIP
 
-#include <cstdlib>
-#include <cstring>
-
 #include "decode_kernel_wide_sm90.cuh"
 
 namespace mla_decode {
@@ -14,28 +11,19 @@ namespace cuda {
 
 namespace {
 
-// The wide kernel's switch for a format, from the environment (read once per
-// process): MLA_DECODE_BF16_KERNEL, MLA_DECODE_FP8_KERNEL (OCP fp8) and
-// MLA_DECODE_MXFP4_KERNEL. "mma" keeps the format on the mma.sync kernel,
-// "wide" puts every call that the wide kernel can run on it (tests, A/B
-// runs), anything else leaves the choice to the plan. MLA_DECODE_FP8_KERNEL=
-// wgmma selects session 4's fp8 kernel, which the plan checks first.
+// The wide kernel's switch for a format (kernel_switch, decode_common.h):
+// "mma" turns it off, "wide" forces it, anything else leaves it to the plan.
 // Measured on the H200: docs/performance.md, sessions 9 and 10.
 enum class WideSwitch { kOff, kByPlan, kForced };
-WideSwitch read_wide_switch(const char* name) {
-  const char* v = std::getenv(name);
-  if (v != nullptr && std::strcmp(v, "mma") == 0) return WideSwitch::kOff;
-  if (v != nullptr && std::strcmp(v, "wide") == 0) return WideSwitch::kForced;
-  return WideSwitch::kByPlan;
-}
 WideSwitch wide_switch(KvFormat format) {
-  static const WideSwitch bf16 = read_wide_switch("MLA_DECODE_BF16_KERNEL");
-  static const WideSwitch fp8 = read_wide_switch("MLA_DECODE_FP8_KERNEL");
-  static const WideSwitch mxfp4 = read_wide_switch("MLA_DECODE_MXFP4_KERNEL");
-  if (format == KvFormat::kBf16) return bf16;
-  if (format == KvFormat::kFp8E4M3FN) return fp8;
-  if (format == KvFormat::kMxfp4) return mxfp4;
-  return WideSwitch::kOff;  // e4m3fnuz has no wide variant
+  if (format != KvFormat::kBf16 && format != KvFormat::kFp8E4M3FN && format != KvFormat::kMxfp4) {
+    return WideSwitch::kOff;  // e4m3fnuz has no wide variant
+  }
+  switch (kernel_switch(format)) {
+    case KernelSwitch::kMma: return WideSwitch::kOff;
+    case KernelSwitch::kWide: return WideSwitch::kForced;
+    default: return WideSwitch::kByPlan;
+  }
 }
 
 template <KvFormat F>
@@ -44,12 +32,8 @@ cudaError_t launch_wide_format(const DecodeLaunch& args, cudaStream_t stream) {
   constexpr int kSmem = sm90::wide::Smem::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
   static unsigned long long configured_devices = 0;
-  const cudaError_t err =
-      opt_in_dynamic_smem(sm90::wide::decode_wide_kernel<kTileTokens, F>, kSmem, configured_devices);
-  if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>(args.p.total_q) * args.head_groups, args.num_splits);
-  sm90::wide::decode_wide_kernel<kTileTokens, F><<<grid, sm90::wide::kThreads, kSmem, stream>>>(args);
-  return cudaGetLastError();
+  return launch_with_dynamic_smem(sm90::wide::decode_wide_kernel<kTileTokens, F>, split_grid(args),
+                                  sm90::wide::kThreads, kSmem, configured_devices, args, stream);
 }
 
 }  // namespace
