@@ -288,8 +288,8 @@ def test_many_heads_on_the_wide_kernel_forced():
 @pytest.mark.skipif(not _hopper_kernel_built(), reason="needs an H100/H200 and a build with TORCH_CUDA_ARCH_LIST 9.0a")
 def test_fp8_and_mxfp4_on_the_narrow_kernel():
     """MLA_DECODE_FP8_KERNEL=narrow / MLA_DECODE_MXFP4_KERNEL=narrow put every H < 64 call of
-    those formats on the Hopper narrow kernel (MXFP4 takes it by default only from 16k query
-    tokens x keys, fp8 only when opted in): their tests of this file (the matrix, forced
+    those formats on the Hopper narrow kernel (by default MXFP4 takes it only from 16k query
+    tokens x keys, fp8 only for long sequences): their tests of this file (the matrix, forced
     splits, odd head counts, NaN rows, bad indices, extreme block scales, alternating shapes)
     and the graph replay test, in a child process that selects it."""
     _run_this_file_in_child("(fp8 or mxfp4 or odd_head or graph_replay) and not fnuz and not hopper and "
