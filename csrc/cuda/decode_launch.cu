@@ -179,10 +179,11 @@ bool wide_kernel_pays_off(const MlaDecodeParams& p) {
   return static_cast<int64_t>(p.total_q) * estimated_kv_len(p) >= min_work;
 }
 
-// The narrow kernel (MXFP4, H < 64) against the mma.sync kernel, competition
-// protocol at H = 16 (us, narrow / mma.sync; docs/performance.md session 11):
-// 4 x 1024 13.5 / 11.9, 4 x 8192 20.9 / 25.0, 32 x 1024 20.5 / 22.0, and
-// faster at every larger shape; hence the wide kernel's fp8 threshold.
+// Whether an H < 64 call that the narrow kernel can run is big enough for it,
+// from shapes only. Competition protocol at H = 16 (us, narrow / mma.sync):
+// MXFP4 (docs/performance.md session 11): 4 x 1024 13.5 / 11.9, 4 x 8192
+// 20.9 / 25.0, 32 x 1024 20.5 / 22.0, and faster at every larger shape; hence
+// the wide kernel's fp8 threshold.
 // OCP fp8 (us, narrow / mma.sync, runs 91 and 93): 32 x 8192 65-66 / 68,
 // 64 x 8192 115 / 119-122, 256 x 8192 401 / 404-409; slower at 4 x 8192 and
 // at every kv = 1024 shape (the narrow kernel's longer prologue is paid per
