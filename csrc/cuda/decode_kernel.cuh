@@ -797,7 +797,7 @@ cudaError_t launch_split_kernel(const DecodeLaunch& args, cudaStream_t stream) {
     if (args.wide) return launch_wide(args, stream);
   }
   if constexpr (F == KvFormat::kFp8E4M3FN || F == KvFormat::kMxfp4) {
-    // Hopper, H < 64, opted in: keys as the M of wgmma (sm90/decode_kernel_narrow_sm90.cuh).
+    // Hopper, H < 64: keys as the M of wgmma (sm90/decode_kernel_narrow_sm90.cuh).
     if (args.narrow) return launch_narrow(args, stream);
   }
   const dim3 grid = split_grid(args);

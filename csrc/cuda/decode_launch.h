@@ -47,8 +47,8 @@ struct SplitPlan {
   // threshold: the call runs on the wide kernel (64 heads per CTA, wgmma;
   // wide_kernel_applies, wide_kernel_pays_off).
   bool wide = false;
-  // NVIDIA OCP fp8 / MXFP4 with H < 64 on Hopper, opted in: the narrow kernel
-  // (16 heads per CTA, keys as the M of wgmma; narrow_kernel_applies).
+  // NVIDIA OCP fp8 / MXFP4 with H < 64 on Hopper: the narrow kernel (16 heads
+  // per CTA, keys as the M of wgmma; narrow_kernel_applies, narrow_kernel_pays_off).
   bool narrow = false;
 };
 

@@ -1,7 +1,7 @@
 // Split-KV MLA decode for an OCP fp8 or MXFP4 cache on Hopper (sm_90a) with
 // few heads (H < 64, head groups of 16): the "narrow" kernel. The default for
-// MXFP4 from 16k query tokens x keys; fp8 only when opted in (measured no
-// faster than its mma.sync kernel at H = 16; docs/performance.md, session 11).
+// MXFP4 from 16k query tokens x keys, for fp8 on long sequences only
+// (narrow_kernel_pays_off in decode_launch.cu; docs/performance.md).
 //
 // At H = 16 a wgmma with the heads as M (64 rows) would waste 3/4 of every
 // instruction, so the keys are M and the heads N:
