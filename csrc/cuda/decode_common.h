@@ -80,6 +80,17 @@ inline bool rows_16_byte_aligned(const MlaDecodeParams& p) {
 enum class KernelSwitch { kByPlan, kMma, kWide, kNarrow, kWgmma };
 KernelSwitch kernel_switch(KvFormat format);
 
+// A Hopper kernel's choice for calls of `format`: off where it has no variant
+// for the format or the format's switch is "mma", forced where the switch is
+// `forcing` (kWide / kNarrow), else left to the plan's size threshold.
+enum class HopperChoice { kOff, kByPlan, kForced };
+inline HopperChoice hopper_kernel_choice(KvFormat format, bool has_variant, KernelSwitch forcing) {
+  if (!has_variant) return HopperChoice::kOff;
+  const KernelSwitch s = kernel_switch(format);
+  if (s == KernelSwitch::kMma) return HopperChoice::kOff;
+  return s == forcing ? HopperChoice::kForced : HopperChoice::kByPlan;
+}
+
 // Hopper (sm90/decode_wide_sm90.cu): whether a bf16, OCP fp8 or MXFP4 call
 // may run on the wide kernel (64 heads per CTA on wgmma: H >= 64, built with
 // an sm_90a target, a compute capability 9.0 device whose per-block shared
@@ -131,6 +142,13 @@ inline bool current_device_runs_sm90a() {
   int dev = 0, cc = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || device_compute_capability(dev, &cc) != cudaSuccess) return false;
   return cc == 90;
+}
+
+// What the Hopper wide and narrow kernels need of a call and the device:
+// `smem_bytes` of shared memory per block, 16-byte aligned rows, an sm_90a
+// device (checked last: it queries the driver).
+inline bool hopper_kernel_fits(const MlaDecodeParams& p, int smem_bytes, int smem_per_block_optin) {
+  return smem_per_block_optin >= smem_bytes && rows_16_byte_aligned(p) && current_device_runs_sm90a();
 }
 
 // Raises `kernel`'s dynamic shared-memory limit to `bytes` on the current

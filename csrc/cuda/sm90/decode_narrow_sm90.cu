@@ -11,18 +11,13 @@ namespace cuda {
 
 namespace {
 
-// The narrow kernel's switch for a format (kernel_switch, decode_common.h):
-// "mma" turns it off, "narrow" forces it, anything else leaves it to the
-// plan's size thresholds (narrow_kernel_pays_off: MXFP4 from 16k query tokens
-// x keys, OCP fp8 on long sequences only).
-enum class NarrowSwitch { kOff, kByPlan, kForced };
-NarrowSwitch narrow_switch(KvFormat format) {
-  if (format != KvFormat::kFp8E4M3FN && format != KvFormat::kMxfp4) return NarrowSwitch::kOff;
-  switch (kernel_switch(format)) {
-    case KernelSwitch::kMma: return NarrowSwitch::kOff;
-    case KernelSwitch::kNarrow: return NarrowSwitch::kForced;
-    default: return NarrowSwitch::kByPlan;
-  }
+// The narrow kernel's choice for a format: "mma" turns it off, "narrow"
+// forces it, anything else leaves it to the plan's size thresholds
+// (narrow_kernel_pays_off: MXFP4 from 16k query tokens x keys, OCP fp8 on
+// long sequences only).
+HopperChoice narrow_choice(KvFormat format) {
+  return hopper_kernel_choice(format, format == KvFormat::kFp8E4M3FN || format == KvFormat::kMxfp4,
+                              KernelSwitch::kNarrow);
 }
 
 template <KvFormat F>
@@ -42,10 +37,8 @@ int narrow_tile_tokens() { return sm90::narrow::kTileTokens; }
 
 bool narrow_kernel_applies(const MlaDecodeParams& p, int smem_per_block_optin) {
 #if defined(MLA_DECODE_SM90A)
-  if (p.num_heads >= kWideRows || narrow_switch(p.format) == NarrowSwitch::kOff) return false;
-  if (smem_per_block_optin < narrow_smem_bytes()) return false;
-  if (!rows_16_byte_aligned(p)) return false;
-  return current_device_runs_sm90a();
+  if (p.num_heads >= kWideRows || narrow_choice(p.format) == HopperChoice::kOff) return false;
+  return hopper_kernel_fits(p, narrow_smem_bytes(), smem_per_block_optin);
 #else
   (void)p;
   (void)smem_per_block_optin;
@@ -53,7 +46,7 @@ bool narrow_kernel_applies(const MlaDecodeParams& p, int smem_per_block_optin) {
 #endif
 }
 
-bool narrow_kernel_forced(KvFormat format) { return narrow_switch(format) == NarrowSwitch::kForced; }
+bool narrow_kernel_forced(KvFormat format) { return narrow_choice(format) == HopperChoice::kForced; }
 
 cudaError_t launch_narrow(const DecodeLaunch& args, cudaStream_t stream) {
   switch (args.p.format) {

@@ -11,19 +11,13 @@ namespace cuda {
 
 namespace {
 
-// The wide kernel's switch for a format (kernel_switch, decode_common.h):
-// "mma" turns it off, "wide" forces it, anything else leaves it to the plan.
+// The wide kernel's choice for a format: "mma" turns it off, "wide" forces
+// it, anything else leaves it to the plan (e4m3fnuz has no wide variant).
 // Measured on the H200: docs/performance.md, sessions 9 and 10.
-enum class WideSwitch { kOff, kByPlan, kForced };
-WideSwitch wide_switch(KvFormat format) {
-  if (format != KvFormat::kBf16 && format != KvFormat::kFp8E4M3FN && format != KvFormat::kMxfp4) {
-    return WideSwitch::kOff;  // e4m3fnuz has no wide variant
-  }
-  switch (kernel_switch(format)) {
-    case KernelSwitch::kMma: return WideSwitch::kOff;
-    case KernelSwitch::kWide: return WideSwitch::kForced;
-    default: return WideSwitch::kByPlan;
-  }
+HopperChoice wide_choice(KvFormat format) {
+  const bool has_variant =
+      format == KvFormat::kBf16 || format == KvFormat::kFp8E4M3FN || format == KvFormat::kMxfp4;
+  return hopper_kernel_choice(format, has_variant, KernelSwitch::kWide);
 }
 
 template <KvFormat F>
@@ -44,10 +38,8 @@ int wide_tile_tokens() { return sm90::wide::kTileTokensDefault; }
 
 bool wide_kernel_applies(const MlaDecodeParams& p, int smem_per_block_optin) {
 #if defined(MLA_DECODE_SM90A)
-  if (p.num_heads < kWideRows || wide_switch(p.format) == WideSwitch::kOff) return false;
-  if (smem_per_block_optin < wide_smem_bytes()) return false;
-  if (!rows_16_byte_aligned(p)) return false;
-  return current_device_runs_sm90a();
+  if (p.num_heads < kWideRows || wide_choice(p.format) == HopperChoice::kOff) return false;
+  return hopper_kernel_fits(p, wide_smem_bytes(), smem_per_block_optin);
 #else
   (void)p;
   (void)smem_per_block_optin;
@@ -55,7 +47,7 @@ bool wide_kernel_applies(const MlaDecodeParams& p, int smem_per_block_optin) {
 #endif
 }
 
-bool wide_kernel_forced(KvFormat format) { return wide_switch(format) == WideSwitch::kForced; }
+bool wide_kernel_forced(KvFormat format) { return wide_choice(format) == HopperChoice::kForced; }
 
 cudaError_t launch_wide(const DecodeLaunch& args, cudaStream_t stream) {
   switch (args.p.format) {
