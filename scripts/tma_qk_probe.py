@@ -1,24 +1,18 @@
 """Checks the TMA + e4m3-wgmma QK of the next narrow-kernel design (scripts/tma_qk_probe.cu) on an
 H100/H200 against a float64 reference on the same fp8 codes: one 64-key tile, 16 heads, Q as three
 e4m3 terms (exact for a bf16 Q), the 18 k-steps accumulated by the tensor cores in groups of 18, 6,
-2 or 1, promoted to fp32 between groups. Cases: contiguous rows, padded rows (stride 640), a tile that runs past the last row
-(TMA zero-fills those keys). Prints the error relative to max |S| next to what an f16 Q (today's
-narrow kernel) gives; exits 1 on a mismatch. Needs nvcc and an sm_90 GPU:
+2 or 1, promoted to fp32 between groups. Cases: contiguous rows, padded rows (stride 640), a tile
+that runs past the last row (TMA zero-fills those keys). Prints the error relative to max |S| next
+to what an f16 Q (today's narrow kernel) gives; exits 1 on a mismatch. Needs nvcc and an sm_90 GPU:
     python3 scripts/tma_qk_probe.py"""
 import ctypes
-import os
-import subprocess
 import sys
-import tempfile
 
 import torch
 
-here = os.path.dirname(os.path.abspath(__file__))
-nvcc = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
-lib = os.path.join(tempfile.mkdtemp(), "tma_qk_probe.so")
-subprocess.run([nvcc, "-std=c++17", "-O2", "-gencode=arch=compute_90a,code=sm_90a", "-Xcompiler", "-fPIC",
-                "-shared", os.path.join(here, "tma_qk_probe.cu"), "-o", lib], check=True)
-probe = ctypes.CDLL(lib).tma_qk_probe
+from cuda_probe import load_probe
+
+probe = load_probe("tma_qk_probe").tma_qk_probe
 probe.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p,
                   ctypes.c_void_p, ctypes.c_int]
 
@@ -32,7 +26,6 @@ for name, rows, stride, row0 in [("contiguous", 200, 576, 37), ("padded rows", 2
     buf = torch.full((rows, stride), 0x7F, dtype=torch.uint8, device=dev)  # NaN codes in the padding
     buf[:, :576] = codes
     q = (torch.randn(16, 576, device=dev) * torch.logspace(-2, 1, 16, device=dev)[:, None]).to(torch.bfloat16)
-    s = torch.full((64, 16), float("nan"), device=dev)
     errs = {}
     for steps in (18, 6, 2, 1):  # k-steps per tensor-core accumulation group
         s_g = torch.full((64, 16), float("nan"), device=dev)

@@ -4,19 +4,13 @@ one m64n16k16 bf16 wgmma per mode, against torch. Needs nvcc and an sm_90 GPU:
 Mode 0: QK's layout (A = 64 key rows, K-major). Mode 1: PV's (A = V^T read M-major from key
 rows, the transpose bit). Prints the largest error per mode; exits 1 on a mismatch."""
 import ctypes
-import os
-import subprocess
 import sys
-import tempfile
 
 import torch
 
-here = os.path.dirname(os.path.abspath(__file__))
-nvcc = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
-lib = os.path.join(tempfile.mkdtemp(), "wgmma_probe.so")
-subprocess.run([nvcc, "-std=c++17", "-O2", "-gencode=arch=compute_90a,code=sm_90a", "-Xcompiler", "-fPIC",
-                "-shared", os.path.join(here, "wgmma_probe.cu"), "-o", lib], check=True)
-probe = ctypes.CDLL(lib).wgmma_probe
+from cuda_probe import load_probe
+
+probe = load_probe("wgmma_probe").wgmma_probe
 probe.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
 
 torch.manual_seed(0)
