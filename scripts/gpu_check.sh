@@ -16,7 +16,9 @@
 #             again with the Hopper wide kernel forced for H >= 64
 #             (MLA_DECODE_*_KERNEL=wide), with the narrow kernel forced for
 #             fp8 / MXFP4 at H < 64, and for the fp8 cases on the opt-in
-#             Hopper kernel (MLA_DECODE_FP8_KERNEL=wgmma)
+#             Hopper kernel (MLA_DECODE_FP8_KERNEL=wgmma); the narrow pass with
+#             the f16 QK (MLA_DECODE_NARROW_QK=f16), then fp8 on the narrow
+#             kernel's default e4m3-QK variant
 # GIT_COMMIT=<sha> labels the logs and the benchmark's output; pass it on the
 # lent device, whose copy of .git can be stale (else: git rev-parse HEAD).
 # Narrowing (for a second pass over one kernel in the same call):
@@ -85,7 +87,7 @@ for step in $steps; do
         r=$?; [ $r -ne 0 ] && rc=1
         echo "compute-sanitizer $tool (wide kernel forced): rc=$r $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_${tool}_wide.log" | tail -1)"
         # The Hopper narrow kernel (H < 64, fp8 and MXFP4), forced onto the small cases.
-        MLA_DECODE_FP8_KERNEL=narrow MLA_DECODE_MXFP4_KERNEL=narrow timeout "$SANITIZE_S" \
+        MLA_DECODE_FP8_KERNEL=narrow MLA_DECODE_MXFP4_KERNEL=narrow MLA_DECODE_NARROW_QK=f16 timeout "$SANITIZE_S" \
           compute-sanitizer --tool $tool --error-exitcode 9 python3 scripts/sanitize_cases.py ${SANITIZE_FORMATS:-} \
           > "$OUT/sanitize_${tool}_narrow.log" 2>&1
         r=$?; [ $r -ne 0 ] && rc=1
@@ -95,6 +97,11 @@ for step in $steps; do
           python3 scripts/sanitize_cases.py fp8 > "$OUT/sanitize_${tool}_wgmma.log" 2>&1
         r=$?; [ $r -ne 0 ] && rc=1
         echo "compute-sanitizer $tool (fp8, wgmma kernel): rc=$r $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_${tool}_wgmma.log" | tail -1)"
+        # The narrow kernel's e4m3-QK variant (fp8, indptr layout: TMA-landed codes).
+        MLA_DECODE_FP8_KERNEL=narrow timeout "$SANITIZE_S" compute-sanitizer --tool $tool \
+          --error-exitcode 9 python3 scripts/sanitize_cases.py fp8 > "$OUT/sanitize_${tool}_e4m3qk.log" 2>&1
+        r=$?; [ $r -ne 0 ] && rc=1
+        echo "compute-sanitizer $tool (fp8, narrow e4m3 QK): rc=$r $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_${tool}_e4m3qk.log" | tail -1)"
       done ;;
     *) echo "gpu_check: unknown step '$step' (tests, bench, ab, sanitize)"; rc=1 ;;
   esac

@@ -207,6 +207,7 @@ def _child_env(**env_vars):
     env.pop("MLA_DECODE_BF16_KERNEL", None)
     env.pop("MLA_DECODE_MXFP4_KERNEL", None)
     env.pop("MLA_DECODE_SMEM_LIMIT", None)
+    env.pop("MLA_DECODE_NARROW_QK", None)
     env.update(env_vars)
     return env
 
@@ -291,11 +292,26 @@ def test_fp8_and_mxfp4_on_the_narrow_kernel():
     those formats on the Hopper narrow kernel (by default MXFP4 takes it only from 16k query
     tokens x keys, fp8 only for long sequences): their tests of this file (the matrix, forced
     splits, odd head counts, NaN rows, bad indices, extreme block scales, alternating shapes)
-    and the graph replay test, in a child process that selects it."""
+    and the graph replay test, in a child process that selects it; fp8 with the f16 QK
+    (MLA_DECODE_NARROW_QK=f16: the e4m3 variant has its own test below)."""
     _run_this_file_in_child("(fp8 or mxfp4 or odd_head or graph_replay) and not fnuz and not hopper and "
                             "not many_heads and not narrow and not bf16",
                             files=("test_torch_integration.py",),
-                            MLA_DECODE_FP8_KERNEL="narrow", MLA_DECODE_MXFP4_KERNEL="narrow")
+                            MLA_DECODE_FP8_KERNEL="narrow", MLA_DECODE_MXFP4_KERNEL="narrow",
+                            MLA_DECODE_NARROW_QK="f16")
+
+
+@pytest.mark.skipif(not _hopper_kernel_built(), reason="needs an H100/H200 and a build with TORCH_CUDA_ARCH_LIST 9.0a")
+def test_fp8_on_the_narrow_kernel_with_e4m3_qk():
+    """With the narrow kernel forced, OCP fp8 calls of the indptr layout run its e4m3-QK variant
+    (the default: TMA-landed codes, Q as two e4m3 terms, QK promoted to fp32 every two k-steps);
+    the other layouts stay on the f16 variant. The fp8 tests
+    of this file (matrix, forced splits, odd heads, NaN rows, bad indices, long items,
+    alternating shapes) and the graph replay test, in a child process that selects it."""
+    _run_this_file_in_child("(fp8 or odd_head or graph_replay) and not fnuz and not hopper and "
+                            "not many_heads and not narrow and not bf16 and not mxfp4",
+                            files=("test_torch_integration.py",),
+                            MLA_DECODE_FP8_KERNEL="narrow", MLA_DECODE_NARROW_QK="e4m3")
 
 
 @pytest.mark.skipif(not _hopper_kernel_built(), reason="needs an H100/H200 and a build with TORCH_CUDA_ARCH_LIST 9.0a")

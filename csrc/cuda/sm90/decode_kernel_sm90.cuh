@@ -101,11 +101,6 @@ static_assert(Smem::kQ % 128 == 0 && Smem::kP % 128 == 0 && kPBytes % 128 == 0,
               "wgmma operands are 128-byte aligned");
 static_assert(Smem::kRed % 16 == 0 && Smem::kStat % 16 == 0, "float4 reads");
 
-// Two floats to two e4m3 codes (round to nearest even, saturating to +-448;
-// NaN stays NaN), x in the low byte.
-__device__ __forceinline__ uint32_t f32x2_to_e4m3x2(float x, float y) {
-  return static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(make_float2(x, y), __NV_SATFINITE, __NV_E4M3));
-}
 // The two e4m3 codes in the low 16 bits of `codes` back to float.
 __device__ __forceinline__ float2 e4m3x2_to_f32x2(uint32_t codes) {
   const uint32_t h = e4m3x2_to_f16x2<0>(codes);

@@ -4,6 +4,13 @@
 #include "../../mla_decode/portability.h"
 #if !MLA_PLATFORM_HIP
 
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+
 #include "decode_kernel_narrow_sm90.cuh"
 
 namespace mla_decode {
@@ -20,18 +27,88 @@ HopperChoice narrow_choice(KvFormat format) {
                               KernelSwitch::kNarrow);
 }
 
-template <KvFormat F>
-cudaError_t launch_narrow_format(const DecodeLaunch& args, cudaStream_t stream) {
-  constexpr int kSmem = sm90::narrow::Smem::kTotal;
+// The OCP fp8 calls that the narrow kernel runs with the indptr layout take
+// its e4m3-QK variant (decode_kernel_narrow_sm90.cuh; faster at every narrow
+// competition shape, docs/performance.md session 14) unless
+// MLA_DECODE_NARROW_QK=f16 (read once per process) keeps the f16 QK.
+bool narrow_e4m3_qk_requested() {
+  static const bool requested = [] {
+    const char* v = std::getenv("MLA_DECODE_NARROW_QK");
+    return v == nullptr || std::strcmp(v, "f16") != 0;
+  }();
+  return requested;
+}
+
+// The e4m3 variant needs contiguous rows (TMA reads each tile as one box of
+// rows kv_indptr[b] + j) addressed by int32 tensor-map coordinates, and at
+// least one cache row (an empty tensor map is invalid).
+bool narrow_e4m3_qk_applies(const MlaDecodeParams& p) {
+  return p.format == KvFormat::kFp8E4M3FN && p.layout == KvLayout::kIndptr && narrow_e4m3_qk_requested() &&
+         p.num_cache_rows > 0 && p.num_cache_rows <= INT_MAX - 2 * sm90::narrow::kTileTokens;
+}
+
+// The driver's tensor-map encoder, looked up once through the runtime (no
+// link against libcuda); null where the driver does not provide it.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &status) !=
+            cudaSuccess ||
+        status != cudaDriverEntryPointSuccess) {
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
+// The e4m3 variant's map over the cache codes: a 2-D uint8 tensor of
+// {576 codes, num_cache_rows rows} with the cache's row stride; boxes of 128
+// codes x 64 rows (one column block of a code stage), 128-byte swizzle (the
+// wgmma operand layout); reads outside the tensor fill zeros.
+cudaError_t encode_code_map(const MlaDecodeParams& p, CUtensorMap* map) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kHeadDimQK), static_cast<cuuint64_t>(p.num_cache_rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.kv_row_stride_bytes)};
+  const cuuint32_t box[2] = {128, static_cast<cuuint32_t>(sm90::narrow::kTileTokens)};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(p.kv), dims, strides, box,
+                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+template <KvFormat F, bool kE4m3Qk>
+cudaError_t launch_narrow_variant(const DecodeLaunch& args, const CUtensorMap& map, cudaStream_t stream) {
+  constexpr int kSmem = kE4m3Qk ? sm90::narrow::SmemE4m3::kTotal : sm90::narrow::Smem::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
   static unsigned long long configured_devices = 0;
-  return launch_with_dynamic_smem(sm90::narrow::decode_narrow_kernel<F>, split_grid(args), sm90::narrow::kThreads,
-                                  kSmem, configured_devices, args, stream);
+  const auto kernel = sm90::narrow::decode_narrow_kernel<F, kE4m3Qk>;
+  const cudaError_t err = opt_in_dynamic_smem(kernel, kSmem, configured_devices);
+  if (err != cudaSuccess) return err;
+  kernel<<<split_grid(args), sm90::narrow::kThreads, kSmem, stream>>>(args, map);
+  return cudaGetLastError();
+}
+
+template <KvFormat F>
+cudaError_t launch_narrow_format(const DecodeLaunch& args, cudaStream_t stream) {
+  CUtensorMap map{};  // unused by the f16 variants
+  if constexpr (F == KvFormat::kFp8E4M3FN) {
+    if (narrow_e4m3_qk_applies(args.p)) {
+      const cudaError_t err = encode_code_map(args.p, &map);
+      if (err != cudaSuccess) return err;
+      return launch_narrow_variant<F, true>(args, map, stream);
+    }
+  }
+  return launch_narrow_variant<F, false>(args, map, stream);
 }
 
 }  // namespace
 
-int narrow_smem_bytes() { return sm90::narrow::Smem::kTotal; }
+// The larger of the variants' layouts, so that a plan that fits fits either.
+int narrow_smem_bytes() { return std::max(sm90::narrow::Smem::kTotal, sm90::narrow::SmemE4m3::kTotal); }
 
 int narrow_tile_tokens() { return sm90::narrow::kTileTokens; }
 

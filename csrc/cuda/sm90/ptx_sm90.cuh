@@ -9,6 +9,7 @@
 // (the launcher checks the device and the build, see decode_kernel_sm90.cuh).
 #pragma once
 
+#include <cuda_fp8.h>
 #include <stdint.h>
 
 #include "../../mla_decode/portability.h"
@@ -97,6 +98,19 @@ __device__ __forceinline__ void wgmma_m64n32k32_e4m3_ss(float (&d)[16], uint64_t
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
       : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
+#endif
+}
+// The same with d = A * B (no accumulation): d is only written, so its
+// registers carry no dependence on their previous contents (a group of
+// chained k-steps starts here).
+__device__ __forceinline__ void wgmma_m64n32k32_e4m3_ss_first(float (&d)[16], uint64_t desc_a, uint64_t desc_b) {
+#if MLA_SM90A_DEVICE
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, 0, 1, 1;\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]),
+        "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15])
+      : "l"(desc_a), "l"(desc_b));
 #endif
 }
 template <bool kAccumulate>
@@ -250,6 +264,42 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "memory");
   } while (done == 0);
 #endif
+}
+
+// mbarrier arrival that also announces `bytes` of asynchronous (TMA)
+// transactions for the current phase: the phase completes once the arrivals
+// and those bytes are all in.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+#if MLA_SM90A_DEVICE
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+// Makes mbarrier initialisation visible to the async proxy (TMA), before the
+// CTA barrier that publishes the mbarriers.
+__device__ __forceinline__ void fence_mbarrier_init() {
+#if MLA_SM90A_DEVICE
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+
+// TMA: the box of a 2-D tensor map (`map`: the address of a __grid_constant__
+// CUtensorMap kernel parameter) at element coordinates (x, y) into shared
+// memory at `dst`, laid out as the map's swizzle says; elements outside the
+// tensor are zero-filled. Completion is counted in bytes on mbarrier `bar`.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, int x, int y, uint32_t bar) {
+#if MLA_SM90A_DEVICE
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar)
+      : "memory");
+#endif
+}
+
+// Two floats to two e4m3 codes (round to nearest even, saturating to +-448;
+// NaN stays NaN), x in the low byte.
+__device__ __forceinline__ uint32_t f32x2_to_e4m3x2(float x, float y) {
+  return static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(make_float2(x, y), __NV_SATFINITE, __NV_E4M3));
 }
 
 // Warpgroup register budget (all 128 threads of the warpgroup execute it):
