@@ -569,28 +569,38 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       // P^T (B of PV: keys along K, heads along N, K-major): row = head,
-      // 16-byte chunk = key / 8, element key % 8.
+      // 16-byte chunk = key / 8, element key % 8. The accumulator fragment of
+      // keys 16 warp + 8r.. x heads 8j.. is an m8n8 matrix in the mma layout
+      // (row = key), so one stmatrix .trans per warp stores all four: matrix
+      // 2j + r lands as the rows of heads 8j.. (lane 8(2j + r) + h gives the
+      // address of head 8j + h), chunk 2 warp + r.
+      uint32_t p_pairs[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int hd = 8 * (i >> 1) + 2 * c + (i & 1);
-        const float m_ref = m_run[i] == -CUDART_INF_F ? 0.f : m_run[i];
-        float sum = 0.f;
+      for (int j = 0; j < 2; ++j) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int key = key0 + 8 * r;
-          const float pv = exp2f(s[4 * (i >> 1) + 2 * r + (i & 1)] - m_ref);
-          sum += pv;
-          uint16_t bits;
-          if constexpr (kFp8) {
-            const __half h = __float2half_rn(pv);
-            bits = *reinterpret_cast<const uint16_t*>(&h);
-          } else {
-            bits = static_cast<uint16_t>(mla_pack_bf16x2(pv, 0.f) & 0xFFFFu);
+          float pv[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int i = 2 * j + e;  // head slot
+            const float m_ref = m_run[i] == -CUDART_INF_F ? 0.f : m_run[i];
+            pv[e] = exp2f(s[4 * j + 2 * r + e] - m_ref);
+            l_part[i] += pv[e];
           }
-          const uint32_t addr = pt_smem + hd * 128 + ((((key >> 3) ^ (hd & 7))) << 4) + (key & 7) * 2;
-          asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(bits) : "memory");
+          if constexpr (kFp8) {
+            const __half2 h = __floats2half2_rn(pv[0], pv[1]);
+            p_pairs[2 * j + r] = *reinterpret_cast<const uint32_t*>(&h);
+          } else {
+            p_pairs[2 * j + r] = mla_pack_bf16x2(pv[0], pv[1]);
+          }
         }
-        l_part[i] += sum;
+      }
+      {
+        const int mat = lane >> 3, hd = 8 * (mat >> 1) + (lane & 7), chunk = 2 * warp + (mat & 1);
+        const uint32_t addr = pt_smem + hd * 128 + ((chunk ^ (hd & 7)) << 4);
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                     "r"(p_pairs[0]), "r"(p_pairs[1]), "r"(p_pairs[2]), "r"(p_pairs[3])
+                     : "memory");
       }
       fence_proxy_async_shared();
       bar_sync(kBarP, 128);
@@ -681,15 +691,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else if constexpr (kE4m3Qk) {
     // ====================== producers, e4m3 variant ==========================
     // Thread lt decodes V of key lt / 4 of each tile, 16-code chunks lt % 4 +
-    // 4m (m = 0..7, dims 0..511), from the code slot into registers, waits
-    // for the previous tile's PV, stores the f16 values into the V stage
-    // (where the f16 variants store theirs) and arrives on v_full. Keys past
-    // the split are stored as zeros.
+    // 4m (m = 0..7, dims 0..511; in the order below), from the code slot into
+    // registers, waits for the previous tile's PV, stores the f16 values into
+    // the V stage (where the f16 variants store theirs) and arrives on v_full.
+    // Keys past the split are stored as zeros.
     setmaxnreg_dec<kProducerRegsE4m3>();
     const int lt = tid - 128;
     const int ld_token = lt / kLoadersPerToken, ld_c0 = lt % kLoadersPerToken;
     const uint32_t st_lo = kv_smem + ld_token * 128 + (((2 * ld_c0) ^ (ld_token & 7)) << 4);
     const uint32_t st_hi = kv_smem + ld_token * 128 + (((2 * ld_c0 + 1) ^ (ld_token & 7)) << 4);
+    // Odd keys take their two halves of each 128-code column block in the
+    // other order, so that the 8 lanes of a 16-byte access phase (keys 2p,
+    // 2p + 1) read disjoint bank groups of the swizzled stage (in the same
+    // order both would hit one half: 2-way conflicts, session 14 ncu). Step
+    // m handles chunk ld_c0 + 4 (m ^ odd): f16 column block m ^ odd.
+    const int odd = ld_token & 1;
+    const uint32_t rd_even = (((ld_c0 + 4 * odd) ^ (ld_token & 7)) << 4);
+    const uint32_t rd_odd = (((ld_c0 + 4 * (1 - odd)) ^ (ld_token & 7)) << 4);
+    const uint32_t st_lo_even = st_lo + odd * kBlockBytes, st_lo_odd = st_lo - odd * kBlockBytes;
+    const uint32_t st_hi_even = st_hi + odd * kBlockBytes, st_hi_odd = st_hi - odd * kBlockBytes;
     for (int t = 0; t < n_tiles; ++t) {
       const int cslot = t % SmemE4m3::kCodeStages;
       const uint32_t src = codes_smem + cslot * SmemE4m3::kCodeStageBytes + ld_token * 128;
@@ -698,11 +718,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t dec[kHeadDimV / 64][8];
 #pragma unroll
       for (int m = 0; m < kHeadDimV / 64; ++m) {
-        // Chunk ld_c0 + 4m: column block m / 2, chunk ld_c0 + 4 (m % 2) of the row.
+        // Chunk ld_c0 + 4 (m ^ odd): column block m / 2 of the codes.
         uint4 v;
         asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "r"(src + (m >> 1) * SmemE4m3::kCodeBlockBytes + (((ld_c0 + 4 * (m & 1)) ^ (ld_token & 7)) << 4)));
+                     : "r"(src + (m >> 1) * SmemE4m3::kCodeBlockBytes + ((m & 1) ? rd_odd : rd_even)));
         if (past) v = make_uint4(0, 0, 0, 0);
         dec[m][0] = e4m3x2_to_f16x2<0>(v.x);
         dec[m][1] = e4m3x2_to_f16x2<1>(v.x);
@@ -716,11 +736,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (t > 0) mbar_wait(mbar(SmemE4m3::kBarVEmpty), (t - 1) & 1);  // PV of tile t-1 is complete
 #pragma unroll
       for (int m = 0; m < kHeadDimV / 64; ++m) {
-        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(st_lo + m * kBlockBytes), "r"(dec[m][0]),
-                     "r"(dec[m][1]), "r"(dec[m][2]), "r"(dec[m][3])
+        const uint32_t lo = ((m & 1) ? st_lo_odd : st_lo_even) + m * kBlockBytes;  // column block m ^ odd
+        const uint32_t hi = ((m & 1) ? st_hi_odd : st_hi_even) + m * kBlockBytes;
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(lo), "r"(dec[m][0]), "r"(dec[m][1]),
+                     "r"(dec[m][2]), "r"(dec[m][3])
                      : "memory");
-        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(st_hi + m * kBlockBytes), "r"(dec[m][4]),
-                     "r"(dec[m][5]), "r"(dec[m][6]), "r"(dec[m][7])
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(hi), "r"(dec[m][4]), "r"(dec[m][5]),
+                     "r"(dec[m][6]), "r"(dec[m][7])
                      : "memory");
       }
       fence_proxy_async_shared();
