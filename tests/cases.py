@@ -70,12 +70,13 @@ def _poison_rows(kv: torch.Tensor, scale, fmt: str, rows: torch.Tensor) -> None:
 
 
 def make_case(fmt: str, layout: str, num_heads: int, q_len: int, lengths, *, seed: int, device,
-              page_size: int = 16, extra_rows: int = 37) -> Case:
+              page_size: int = 16, extra_rows: int = 37, q_scale: float = 1.0) -> Case:
+    """q_scale multiplies the standard-normal queries (logits of standard deviation q_scale)."""
     gen = torch.Generator().manual_seed(seed)
     lengths = list(lengths)
     batch = len(lengths)
     total_tokens = sum(lengths)
-    q = torch.randn(batch * q_len, num_heads, 576, generator=gen).to(torch.bfloat16)
+    q = (torch.randn(batch * q_len, num_heads, 576, generator=gen) * q_scale).to(torch.bfloat16)
     qo_indptr = torch.arange(0, batch + 1, dtype=torch.int32) * q_len
 
     if layout == "paged":

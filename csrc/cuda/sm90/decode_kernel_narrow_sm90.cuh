@@ -59,8 +59,11 @@
 //     hi)), x = q 2^e per head: exact for bf16 down to 2^-6 of the scaled
 //     range). The e4m3 tensor cores accumulate with ~14 significant bits
 //     (scripts/tma_qk_probe.py, run105: 1e-3 of max |S| over 18 chained
-//     k-steps), so each group of kQkStepsPerGroup k-steps starts from zero
-//     and is added to the scores in fp32 (two accumulators in rotation).
+//     k-steps), so each k-step (kQkStepsPerGroup) starts from zero and is
+//     added to the scores in fp32 (two accumulators in rotation). The LSE
+//     error is still ~4e-5 of the largest logit (the mma.sync kernel's f16
+//     QK: ~1.5e-7), i.e. within the tests' 2e-3 up to logits of ~45;
+//     MLA_DECODE_NARROW_QK=f16 where more is needed.
 //   - The producers decode V (dims 0..511) from the code stage into one f16
 //     stage for PV, as the f16 variant stores its whole tile; keys past the
 //     split become zeros there (their codes may be another item's, or NaN).
@@ -159,8 +162,14 @@ static_assert(SmemE4m3::kCodes % 1024 == 0 && SmemE4m3::kV % 1024 == 0 && SmemE4
               "swizzle atoms are 1024-byte aligned");
 static_assert(SmemE4m3::kBars % 8 == 0, "mbarrier alignment");
 // k-steps (of 18) per tensor-core accumulation group of the e4m3 QK, and the
-// scale of Q's mid term.
-constexpr int kQkStepsPerGroup = 2;
+// scale of Q's mid term. One: each k-step's 32-code product is added to the
+// scores in fp32. Measured (session 14, run114, fp8 H = 16, logits of
+// standard deviation 1 / 4 / 8, largest LSE 9 / 16 / 32): LSE error 7.6e-5 /
+// 5.5e-4 / 1.3e-3 with 1, 1.2e-4 / 8.2e-4 / 2.1e-3 with 2 (over the tests'
+// 2e-3), the mma.sync kernel's f16 QK 1e-6 / 1.5e-6 / 4.5e-6: the error
+// grows with the logits' magnitude (~4e-5 of the largest). Two were 6%
+// faster at b256/kv8192 (358 against 379 us).
+constexpr int kQkStepsPerGroup = 1;
 constexpr int kQkGroups = kHeadDimQK / 32 / kQkStepsPerGroup;  // 9
 static_assert(kQkGroups * kQkStepsPerGroup * 32 == kHeadDimQK && kQkGroups >= 3, "whole groups; 0 alone, then two in rotation");
 constexpr float kQMidScale = 16.f;

@@ -29,8 +29,8 @@ HopperChoice narrow_choice(KvFormat format) {
 
 // The OCP fp8 calls that the narrow kernel runs with the indptr layout take
 // its e4m3-QK variant (decode_kernel_narrow_sm90.cuh; faster at every narrow
-// competition shape, docs/performance.md session 14) unless
-// MLA_DECODE_NARROW_QK=f16 (read once per process) keeps the f16 QK.
+// competition shape, its LSE error ~4e-5 of the largest logit: docs/performance.md
+// session 14) unless MLA_DECODE_NARROW_QK=f16 (read once per process) keeps the f16 QK.
 bool narrow_e4m3_qk_requested() {
   static const bool requested = [] {
     const char* v = std::getenv("MLA_DECODE_NARROW_QK");
