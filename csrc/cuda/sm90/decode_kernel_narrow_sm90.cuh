@@ -75,6 +75,31 @@
 
 #include <cuda.h>
 
+// TMA tensor maps exist from CUDA 12.0; older toolkits build the f16
+// variants only (the launcher never selects the e4m3 one), with an opaque
+// stand-in for the kernel parameter.
+#if defined(CUDA_VERSION) && CUDA_VERSION >= 12000
+#define MLA_NARROW_HAS_TMA 1
+namespace mla_decode {
+namespace cuda {
+namespace sm90 {
+using CodeTensorMap = CUtensorMap;
+}  // namespace sm90
+}  // namespace cuda
+}  // namespace mla_decode
+#else
+#define MLA_NARROW_HAS_TMA 0
+namespace mla_decode {
+namespace cuda {
+namespace sm90 {
+struct alignas(64) CodeTensorMap {
+  unsigned long long opaque[16];
+};
+}  // namespace sm90
+}  // namespace cuda
+}  // namespace mla_decode
+#endif
+
 #include <math_constants.h>
 
 #include <type_traits>
@@ -234,7 +259,7 @@ __device__ __forceinline__ int mx_dim_of_position(int j) { return (j >> 1) + 4 *
 // cache rows}, boxes {128, 64}, 128-byte swizzle); unused by the others.
 template <KvFormat F, bool kE4m3Qk>
 __global__ void __launch_bounds__(kThreads, 1)
-    decode_narrow_kernel(const DecodeLaunch args, const __grid_constant__ CUtensorMap kv_map) {
+    decode_narrow_kernel(const DecodeLaunch args, const __grid_constant__ CodeTensorMap kv_map) {
   constexpr bool kFp8 = F == KvFormat::kFp8E4M3FN;  // f16 operands; MXFP4: bf16
   constexpr bool kMx = F == KvFormat::kMxfp4;
   static_assert(kFp8 || kMx, "OCP fp8 or MXFP4");

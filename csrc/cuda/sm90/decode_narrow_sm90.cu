@@ -4,14 +4,15 @@
 #include "../../mla_decode/portability.h"
 #if !MLA_PLATFORM_HIP
 
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
-
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 
 #include "decode_kernel_narrow_sm90.cuh"
+#if MLA_NARROW_HAS_TMA
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+#endif
 
 namespace mla_decode {
 namespace cuda {
@@ -42,32 +43,45 @@ bool narrow_e4m3_qk_requested() {
 // The e4m3 variant needs contiguous rows (TMA reads each tile as one box of
 // rows kv_indptr[b] + j) addressed by int32 tensor-map coordinates, and at
 // least one cache row (an empty tensor map is invalid).
-bool narrow_e4m3_qk_applies(const MlaDecodeParams& p) {
-  return p.format == KvFormat::kFp8E4M3FN && p.layout == KvLayout::kIndptr && narrow_e4m3_qk_requested() &&
-         p.num_cache_rows > 0 && p.num_cache_rows <= INT_MAX - 2 * sm90::narrow::kTileTokens;
-}
-
+#if MLA_NARROW_HAS_TMA
 // The driver's tensor-map encoder, looked up once through the runtime (no
 // link against libcuda); null where the driver does not provide it.
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult status{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &status) !=
-            cudaSuccess ||
-        status != cudaDriverEntryPointSuccess) {
+#if CUDART_VERSION >= 12050
+    const cudaError_t err =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &status);
+#else
+    const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &status);
+#endif
+    if (err != cudaSuccess || status != cudaDriverEntryPointSuccess) {
       return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
     }
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
   return encode;
 }
+#endif
+
+bool narrow_e4m3_qk_applies(const MlaDecodeParams& p) {
+#if MLA_NARROW_HAS_TMA
+  return p.format == KvFormat::kFp8E4M3FN && p.layout == KvLayout::kIndptr && narrow_e4m3_qk_requested() &&
+         p.num_cache_rows > 0 && p.num_cache_rows <= INT_MAX - 2 * sm90::narrow::kTileTokens &&
+         tensor_map_encoder() != nullptr;
+#else
+  (void)p;
+  return false;
+#endif
+}
 
 // The e4m3 variant's map over the cache codes: a 2-D uint8 tensor of
 // {576 codes, num_cache_rows rows} with the cache's row stride; boxes of 128
 // codes x 64 rows (one column block of a code stage), 128-byte swizzle (the
 // wgmma operand layout); reads outside the tensor fill zeros.
-cudaError_t encode_code_map(const MlaDecodeParams& p, CUtensorMap* map) {
+cudaError_t encode_code_map(const MlaDecodeParams& p, sm90::CodeTensorMap* map) {
+#if MLA_NARROW_HAS_TMA
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kHeadDimQK), static_cast<cuuint64_t>(p.num_cache_rows)};
@@ -78,10 +92,15 @@ cudaError_t encode_code_map(const MlaDecodeParams& p, CUtensorMap* map) {
                             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+#else
+  (void)p;
+  (void)map;
+  return cudaErrorNotSupported;
+#endif
 }
 
 template <KvFormat F, bool kE4m3Qk>
-cudaError_t launch_narrow_variant(const DecodeLaunch& args, const CUtensorMap& map, cudaStream_t stream) {
+cudaError_t launch_narrow_variant(const DecodeLaunch& args, const sm90::CodeTensorMap& map, cudaStream_t stream) {
   constexpr int kSmem = kE4m3Qk ? sm90::narrow::SmemE4m3::kTotal : sm90::narrow::Smem::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
   static unsigned long long configured_devices = 0;
@@ -94,7 +113,7 @@ cudaError_t launch_narrow_variant(const DecodeLaunch& args, const CUtensorMap& m
 
 template <KvFormat F>
 cudaError_t launch_narrow_format(const DecodeLaunch& args, cudaStream_t stream) {
-  CUtensorMap map{};  // unused by the f16 variants
+  sm90::CodeTensorMap map{};  // unused by the f16 variants
   if constexpr (F == KvFormat::kFp8E4M3FN) {
     if (narrow_e4m3_qk_applies(args.p)) {
       const cudaError_t err = encode_code_map(args.p, &map);
