@@ -49,6 +49,16 @@ def test_long_keys_few_rows(device, fmt, layout):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
+def test_large_logits(device, fmt):
+    """Queries scaled by 8 (logits of standard deviation 8, LSE up to ~30): the LSE tolerance is
+    absolute, so a score error relative to the logits' magnitude shows here first. (The GPU
+    kernels selected by switches have their own large-logit test in test_gpu.py.)"""
+    case = make_case(fmt, "indptr", 16, 1, [600, 64, 1], seed=11, device=device, q_scale=8.0)
+    out, lse = run_op(case)
+    check_against_reference(case, out, lse)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_functional_and_out_variants_agree(device, fmt):
     case = make_case(fmt, "indptr", 16, 1, [40, 3], seed=11, device=device)
     out1, lse1 = run_op(case, poisoned=True)
