@@ -1,5 +1,6 @@
-// QK of the next narrow-kernel design (docs/kernel-design.md, session 13's
-// order, item a) in isolation, for an H100/H200: a 64-key tile of OCP fp8
+// QK of the narrow kernel's e4m3-QK variant (built in session 14 from this
+// probe: decode_kernel_narrow_sm90.cuh, kE4m3Qk, which uses two Q terms and
+// promotes every k-step) in isolation, for an H100/H200: a 64-key tile of OCP fp8
 // codes landed in shared memory by TMA (cp.async.bulk.tensor.2d, 128-byte
 // swizzle, the 576-byte rows' tail past dim 576 zero-filled by the tensor
 // bounds) and read directly by e4m3 wgmma as A, with Q split per head into
