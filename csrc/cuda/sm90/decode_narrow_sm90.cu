@@ -40,9 +40,6 @@ bool narrow_e4m3_qk_requested() {
   return requested;
 }
 
-// The e4m3 variant needs contiguous rows (TMA reads each tile as one box of
-// rows kv_indptr[b] + j) addressed by int32 tensor-map coordinates, and at
-// least one cache row (an empty tensor map is invalid).
 #if MLA_NARROW_HAS_TMA
 // The driver's tensor-map encoder, looked up once through the runtime (no
 // link against libcuda); null where the driver does not provide it.
@@ -57,6 +54,9 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
     const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &status);
 #endif
     if (err != cudaSuccess || status != cudaDriverEntryPointSuccess) {
+      // A failed lookup is recorded as the runtime's last error: clear it, or
+      // the next launch check (cudaGetLastError) would report it.
+      if (err != cudaSuccess) (void)cudaGetLastError();
       return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
     }
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
@@ -65,6 +65,11 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 #endif
 
+// The e4m3 variant needs contiguous rows (TMA reads each tile as one box of
+// rows kv_indptr[b] + j) addressed by int32 tensor-map coordinates, and at
+// least one cache row (an empty tensor map is invalid).
+// Where the driver has no tensor-map encoder (or the toolkit no tensor maps)
+// such calls keep the f16 QK.
 bool narrow_e4m3_qk_applies(const MlaDecodeParams& p) {
 #if MLA_NARROW_HAS_TMA
   return p.format == KvFormat::kFp8E4M3FN && p.layout == KvLayout::kIndptr && narrow_e4m3_qk_requested() &&
