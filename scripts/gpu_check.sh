@@ -2,7 +2,7 @@
 # One device session: build the CUDA extension, run the whole test suite
 # (GPU tests included), optionally the benchmark, an A/B comparison and
 # compute-sanitizer, and leave logs under $OUT (or ./gpu_out).
-#   Usage: scripts/gpu_check.sh [tests] [bench] [ab] [sanitize]
+#   Usage: scripts/gpu_check.sh [tests] [bench] [ab] [patchab] [sanitize]
 #   tests     the whole pytest suite
 #   bench     benchmarks/bench_decode.py (competition protocol + H = 128 sweep),
 #             then the H = 64 sweep (SWEEP_H64=0 skips it)
@@ -11,6 +11,12 @@
 #             "0 1 0 1"), for an experiment switch read by the code under test;
 #             scripts/ab_table.py prints the per-shape table; $AB_ARGS adds
 #             benchmark options (e.g. "--formats fp8")
+#   patchab   an experiment patch against this tree in one call: $AB_PATCH (e.g.
+#             docs/experiments/X.patch) applied to a copy in /tmp/patched and
+#             built there; the tests of $PATCH_TESTS_K (pytest -k, on the copy;
+#             none when unset); then the competition protocol alternately on
+#             this tree and the copy ($AB_ROUNDS rounds, default 2; $AB_ARGS),
+#             and scripts/ab_table.py's table (columns "main" / "patched")
 #   sanitize  compute-sanitizer on scripts/sanitize_cases.py, each tool of
 #             $SANITIZE_TOOLS (default: memcheck racecheck synccheck initcheck),
 #             again with the Hopper wide kernel forced for H >= 64
@@ -103,7 +109,34 @@ for step in $steps; do
         r=$?; [ $r -ne 0 ] && rc=1
         echo "compute-sanitizer $tool (fp8, narrow e4m3 QK): rc=$r $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_${tool}_e4m3qk.log" | tail -1)"
       done ;;
-    *) echo "gpu_check: unknown step '$step' (tests, bench, ab, sanitize)"; rc=1 ;;
+    patchab)
+      patch_abs=$PWD/${AB_PATCH:?patchab needs AB_PATCH=path of a patch}
+      rm -rf /tmp/patched && mkdir -p /tmp/patched
+      cp -r setup.py pyproject.toml csrc mla_decode benchmarks tests scripts README.md /tmp/patched/
+      if ! (cd /tmp/patched && git apply "$patch_abs") > "$OUT/patch_apply.log" 2>&1; then
+        echo "patchab: $AB_PATCH does not apply"; cat "$OUT/patch_apply.log"; rc=1; continue
+      fi
+      if ! (cd /tmp/patched && python3 setup.py build_ext --inplace) > "$OUT/build_patched.log" 2>&1; then
+        tail -30 "$OUT/build_patched.log"; echo "patchab: BUILD FAILED"; rc=1; continue
+      fi
+      grep -E "C75|bytes spill" "$OUT/build_patched.log" | sort | uniq | head -5
+      if [ -n "${PATCH_TESTS_K:-}" ]; then
+        (cd /tmp/patched && PYTHONPATH=/tmp/patched timeout "$TESTS_S" python3 -m pytest -q -x -p no:cacheprovider \
+          -o faulthandler_timeout="$HANG_S" -k "$PATCH_TESTS_K" tests > "$OUT/pytest_patched.log" 2>&1)
+        r=$?; [ $r -ne 0 ] && rc=1
+        echo "patched tests ($PATCH_TESTS_K): rc=$r $(grep -E 'passed|failed' "$OUT/pytest_patched.log" | tail -1)"
+      fi
+      : > "$OUT/patchab.log"
+      for i in $(seq "${AB_ROUNDS:-2}"); do
+        for side in main patched; do
+          dir=$PWD; [ $side = patched ] && dir=/tmp/patched
+          echo "## MLA_DECODE_EXP=$side" >> "$OUT/patchab.log"
+          (cd "$dir" && PYTHONPATH=$dir timeout "$AB_RUN_S" python3 benchmarks/bench_decode.py --skip-sweep --no-progress \
+            --no-accuracy ${AB_ARGS:-} --out "/tmp/patchab_$side" >> "$OUT/patchab.log" 2>&1) || rc=1
+        done
+      done
+      python3 scripts/ab_table.py "$OUT/patchab.log" ;;
+    *) echo "gpu_check: unknown step '$step' (tests, bench, ab, patchab, sanitize)"; rc=1 ;;
   esac
   echo "$step: $(( $(date +%s) - t0 )) s"
 done
