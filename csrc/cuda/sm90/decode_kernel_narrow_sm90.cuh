@@ -67,6 +67,7 @@
 //   - The producers decode V (dims 0..511) from the code stage into one f16
 //     stage for PV, as the f16 variant stores its whole tile; keys past the
 //     split become zeros there (their codes may be another item's, or NaN).
+//   Shared memory: SmemE4m3 below, 211.8 KB.
 //   Barriers: code_full[slot] (TMA bytes + thread 0's arrival), v_full (the
 //   producers stored V of tile t), v_empty (PV of tile t is complete). A
 //   code slot is refilled (tile t + 3) once the consumer has waited on
