@@ -33,7 +33,13 @@ bool wide_kernel_applies(const MlaDecodeParams& p, int smem_per_block_optin) {
 }
 bool wide_kernel_forced(KvFormat) { return false; }
 cudaError_t launch_wide(const DecodeLaunch&, cudaStream_t) { return cudaErrorNotSupported; }
+// As decode_narrow_sm90.cu: the larger of the f16 and e4m3-QK layouts (trees
+// from session 14 on, which define MLA_NARROW_HAS_TMA); earlier trees had one.
+#if defined(MLA_NARROW_HAS_TMA) && MLA_NARROW_HAS_TMA
 int narrow_smem_bytes() { return std::max(sm90::narrow::Smem::kTotal, sm90::narrow::SmemE4m3::kTotal); }
+#else
+int narrow_smem_bytes() { return sm90::narrow::Smem::kTotal; }
+#endif
 int narrow_tile_tokens() { return sm90::narrow::kTileTokens; }
 bool narrow_kernel_applies(const MlaDecodeParams& p, int smem_per_block_optin) {
   const bool format_ok = p.format == KvFormat::kFp8E4M3FN || p.format == KvFormat::kMxfp4;
