@@ -66,14 +66,17 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 #endif
 
 // The e4m3 variant needs contiguous rows (TMA reads each tile as one box of
-// rows kv_indptr[b] + j) addressed by int32 tensor-map coordinates, and at
-// least one cache row (an empty tensor map is invalid).
+// rows kv_indptr[b] + j) addressed by int32 tensor-map coordinates, at
+// least one cache row (an empty tensor map is invalid) and a row stride the
+// encoder accepts (a multiple of 16 bytes, checked by the caller, and at
+// least one row: a one-row cache may carry any stride).
 // Where the driver has no tensor-map encoder (or the toolkit no tensor maps)
 // such calls keep the f16 QK.
 bool narrow_e4m3_qk_applies(const MlaDecodeParams& p) {
 #if MLA_NARROW_HAS_TMA
   return p.format == KvFormat::kFp8E4M3FN && p.layout == KvLayout::kIndptr && narrow_e4m3_qk_requested() &&
          p.num_cache_rows > 0 && p.num_cache_rows <= INT_MAX - 2 * sm90::narrow::kTileTokens &&
+         p.kv_row_stride_bytes >= kHeadDimQK && p.kv_row_stride_bytes < (int64_t{1} << 40) &&
          tensor_map_encoder() != nullptr;
 #else
   (void)p;
