@@ -174,16 +174,17 @@ inline dim3 split_grid(const DecodeLaunch& args) {
   return dim3(static_cast<unsigned>(args.p.total_q) * args.head_groups, args.num_splits);
 }
 
-// Launches `kernel(args)` on `grid` with `threads` per block and `smem_bytes`
-// of dynamic shared memory, after opt_in_dynamic_smem (`configured`: a
-// function-local static of the caller, one per kernel); the launch is checked.
-template <typename Kernel>
+// Launches `kernel(args...)` on `stream` and `grid` with `threads` per block
+// and `smem_bytes` of dynamic shared memory, after opt_in_dynamic_smem
+// (`configured`: a function-local static of the caller, one per kernel); the
+// launch is checked.
+template <typename Kernel, typename... Args>
 inline cudaError_t launch_with_dynamic_smem(Kernel kernel, dim3 grid, int threads, int smem_bytes,
-                                            unsigned long long& configured, const DecodeLaunch& args,
-                                            cudaStream_t stream) {
+                                            unsigned long long& configured, cudaStream_t stream,
+                                            const Args&... args) {
   const cudaError_t err = opt_in_dynamic_smem(kernel, smem_bytes, configured);
   if (err != cudaSuccess) return err;
-  kernel<<<grid, threads, smem_bytes, stream>>>(args);
+  kernel<<<grid, threads, smem_bytes, stream>>>(args...);
   return cudaGetLastError();
 }
 

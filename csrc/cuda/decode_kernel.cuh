@@ -779,7 +779,7 @@ cudaError_t launch_ring(const DecodeLaunch& args, dim3 grid, cudaStream_t stream
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
   static unsigned long long configured_devices = 0;
   return launch_with_dynamic_smem(mla_decode_split_kernel<F, kStagesT>, grid, kThreads, kSmem, configured_devices,
-                                  args, stream);
+                                  stream, args);
 }
 
 // Launches the split kernel of format F with the ring depth the plan chose

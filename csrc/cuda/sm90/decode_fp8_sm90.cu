@@ -29,7 +29,7 @@ cudaError_t launch_fp8_wgmma(const DecodeLaunch& args, cudaStream_t stream) {
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
   static unsigned long long configured_devices = 0;
   return launch_with_dynamic_smem(sm90::decode_fp8_wgmma_kernel, split_grid(args), sm90::kThreads, kSmem,
-                                  configured_devices, args, stream);
+                                  configured_devices, stream, args);
 }
 
 }  // namespace cuda

@@ -112,11 +112,8 @@ cudaError_t launch_narrow_variant(const DecodeLaunch& args, const sm90::CodeTens
   constexpr int kSmem = kE4m3Qk ? sm90::narrow::SmemE4m3::kTotal : sm90::narrow::Smem::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
   static unsigned long long configured_devices = 0;
-  const auto kernel = sm90::narrow::decode_narrow_kernel<F, kE4m3Qk>;
-  const cudaError_t err = opt_in_dynamic_smem(kernel, kSmem, configured_devices);
-  if (err != cudaSuccess) return err;
-  kernel<<<split_grid(args), sm90::narrow::kThreads, kSmem, stream>>>(args, map);
-  return cudaGetLastError();
+  return launch_with_dynamic_smem(sm90::narrow::decode_narrow_kernel<F, kE4m3Qk>, split_grid(args),
+                                  sm90::narrow::kThreads, kSmem, configured_devices, stream, args, map);
 }
 
 template <KvFormat F>

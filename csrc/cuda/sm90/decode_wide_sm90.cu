@@ -27,7 +27,7 @@ cudaError_t launch_wide_format(const DecodeLaunch& args, cudaStream_t stream) {
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
   static unsigned long long configured_devices = 0;
   return launch_with_dynamic_smem(sm90::wide::decode_wide_kernel<kTileTokens, F>, split_grid(args),
-                                  sm90::wide::kThreads, kSmem, configured_devices, args, stream);
+                                  sm90::wide::kThreads, kSmem, configured_devices, stream, args);
 }
 
 }  // namespace
