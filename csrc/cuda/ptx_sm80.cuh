@@ -73,6 +73,21 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t codes) {
 #endif
 }
 
+// Eight e4m3 codes (codes 0-3 in `lo`, 4-7 in `hi`, byte order) to f16x2
+// words: out[i] holds codes 2i (low half) and 2i + 1.
+__device__ __forceinline__ void e4m3x8_to_f16(uint32_t lo, uint32_t hi, uint32_t* out) {
+  out[0] = e4m3x2_to_f16x2<0>(lo);
+  out[1] = e4m3x2_to_f16x2<1>(lo);
+  out[2] = e4m3x2_to_f16x2<0>(hi);
+  out[3] = e4m3x2_to_f16x2<1>(hi);
+}
+
+// One 16-byte shared-memory store of w[0..3].
+__device__ __forceinline__ void st_shared_v4(uint32_t addr, const uint32_t* w) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+               : "memory");
+}
+
 // Four transposed 8x8 b16 matrices: lane l supplies the row address of
 // matrix l/8, row l%8.
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {

@@ -759,26 +759,15 @@ __global__ void __launch_bounds__(kThreads, 1)
                      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                      : "r"(src + (m >> 1) * SmemE4m3::kCodeBlockBytes + ((m & 1) ? rd_odd : rd_even)));
         if (past) v = make_uint4(0, 0, 0, 0);
-        dec[m][0] = e4m3x2_to_f16x2<0>(v.x);
-        dec[m][1] = e4m3x2_to_f16x2<1>(v.x);
-        dec[m][2] = e4m3x2_to_f16x2<0>(v.y);
-        dec[m][3] = e4m3x2_to_f16x2<1>(v.y);
-        dec[m][4] = e4m3x2_to_f16x2<0>(v.z);
-        dec[m][5] = e4m3x2_to_f16x2<1>(v.z);
-        dec[m][6] = e4m3x2_to_f16x2<0>(v.w);
-        dec[m][7] = e4m3x2_to_f16x2<1>(v.w);
+        e4m3x8_to_f16(v.x, v.y, dec[m]);
+        e4m3x8_to_f16(v.z, v.w, dec[m] + 4);
       }
       if (t > 0) mbar_wait(mbar(SmemE4m3::kBarVEmpty), (t - 1) & 1);  // PV of tile t-1 is complete
 #pragma unroll
       for (int m = 0; m < kHeadDimV / 64; ++m) {
-        const uint32_t lo = ((m & 1) ? st_lo_odd : st_lo_even) + m * kBlockBytes;  // column block m ^ odd
-        const uint32_t hi = ((m & 1) ? st_hi_odd : st_hi_even) + m * kBlockBytes;
-        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(lo), "r"(dec[m][0]), "r"(dec[m][1]),
-                     "r"(dec[m][2]), "r"(dec[m][3])
-                     : "memory");
-        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(hi), "r"(dec[m][4]), "r"(dec[m][5]),
-                     "r"(dec[m][6]), "r"(dec[m][7])
-                     : "memory");
+        // Column block m ^ odd.
+        st_shared_v4(((m & 1) ? st_lo_odd : st_lo_even) + m * kBlockBytes, dec[m]);
+        st_shared_v4(((m & 1) ? st_hi_odd : st_hi_even) + m * kBlockBytes, dec[m] + 4);
       }
       fence_proxy_async_shared();
       mbar_arrive(mbar(SmemE4m3::kBarVFull));
@@ -829,14 +818,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int i = 0; i < 8; ++i) dec[m][i] = d.w[i];
         } else {
-          dec[m][0] = e4m3x2_to_f16x2<0>(codes[B][m].x);
-          dec[m][1] = e4m3x2_to_f16x2<1>(codes[B][m].x);
-          dec[m][2] = e4m3x2_to_f16x2<0>(codes[B][m].y);
-          dec[m][3] = e4m3x2_to_f16x2<1>(codes[B][m].y);
-          dec[m][4] = e4m3x2_to_f16x2<0>(codes[B][m].z);
-          dec[m][5] = e4m3x2_to_f16x2<1>(codes[B][m].z);
-          dec[m][6] = e4m3x2_to_f16x2<0>(codes[B][m].w);
-          dec[m][7] = e4m3x2_to_f16x2<1>(codes[B][m].w);
+          e4m3x8_to_f16(codes[B][m].x, codes[B][m].y, dec[m]);
+          e4m3x8_to_f16(codes[B][m].z, codes[B][m].w, dec[m] + 4);
         }
       }
     };
@@ -848,12 +831,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int m = 0; m < kCodeChunks; ++m) {
           const uint32_t off = slot_off + m * kBlockBytes;
-          asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(st_lo + off), "r"(dec[m][0]), "r"(dec[m][1]),
-                       "r"(dec[m][2]), "r"(dec[m][3])
-                       : "memory");
-          asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(st_hi + off), "r"(dec[m][4]), "r"(dec[m][5]),
-                       "r"(dec[m][6]), "r"(dec[m][7])
-                       : "memory");
+          st_shared_v4(st_lo + off, dec[m]);
+          st_shared_v4(st_hi + off, dec[m] + 4);
         }
         fence_proxy_async_shared();
         mbar_arrive(mbar(kMbFull + slot));

@@ -449,22 +449,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
           mx_word_to_bf16(mx_codes[m].x, scales, lo);
           mx_word_to_bf16(mx_codes[m].y, scales, hi);
         } else {
-          lo[0] = e4m3x2_to_f16x2<0>(codes[m].x);
-          lo[1] = e4m3x2_to_f16x2<1>(codes[m].x);
-          lo[2] = e4m3x2_to_f16x2<0>(codes[m].y);
-          lo[3] = e4m3x2_to_f16x2<1>(codes[m].y);
-          hi[0] = e4m3x2_to_f16x2<0>(codes[m].z);
-          hi[1] = e4m3x2_to_f16x2<1>(codes[m].z);
-          hi[2] = e4m3x2_to_f16x2<0>(codes[m].w);
-          hi[3] = e4m3x2_to_f16x2<1>(codes[m].w);
+          e4m3x8_to_f16(codes[m].x, codes[m].y, lo);
+          e4m3x8_to_f16(codes[m].z, codes[m].w, hi);
         }
         const uint32_t off = slot_off + m * TT::kBlockBytes;
-        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(st_lo + off), "r"(lo[0]), "r"(lo[1]),
-                     "r"(lo[2]), "r"(lo[3])
-                     : "memory");
-        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(st_hi + off), "r"(hi[0]), "r"(hi[1]),
-                     "r"(hi[2]), "r"(hi[3])
-                     : "memory");
+        st_shared_v4(st_lo + off, lo);
+        st_shared_v4(st_hi + off, hi);
       }
       fence_proxy_async_shared();
       mbar_arrive(mbar(kMbFull + slot));

@@ -59,8 +59,7 @@ __device__ __forceinline__ void scale_q_row_to_f16(uint32_t q_smem, int row, int
           __floats2half2_rn(__uint_as_float(w[i] << 16) * factor, __uint_as_float(w[i] & 0xFFFF0000u) * factor);
       w[i] = *reinterpret_cast<const uint32_t*>(&h);
     }
-    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
-                 : "memory");
+    st_shared_v4(addr, w);
   }
 }
 
