@@ -468,8 +468,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint64_t desc_q0 = opaque(smem_desc_sw128(q_smem, 16, kSwizzleGroupBytes));
         float acc[2][16];
         auto promote = [&](float(&a)[16]) {
-#pragma unroll
-          for (int i = 0; i < 16; ++i) pin(a[i]);
+          pin(a);
 #pragma unroll
           for (int i = 0; i < 8; ++i) s[i] += fmaf(a[8 + i], 1.f / kQMidScale, a[i]);
         };
@@ -491,11 +490,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             wgmma_wait<0>();
             if (t > 0) {
               // Tile t-1's PV is complete: the V stage may be refilled.
-#pragma unroll
-              for (int mb = 0; mb < 8; ++mb) {
-#pragma unroll
-                for (int i = 0; i < 8; ++i) pin(o[mb][i]);
-              }
+              pin(o);
               mbar_arrive(mbar(SmemE4m3::kBarVEmpty));
             }
             promote(acc[0]);
@@ -523,16 +518,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (t > 0) {
           // Tile t-1's PV (the older group) is complete: its slot may be refilled.
           wgmma_wait<1>();
-#pragma unroll
-          for (int mb = 0; mb < 8; ++mb) {
-#pragma unroll
-            for (int i = 0; i < 8; ++i) pin(o[mb][i]);
-          }
+          pin(o);
           mbar_arrive(mbar(kMbEmpty + (t - 1) % kStages));
         }
         wgmma_wait<0>();
-#pragma unroll
-        for (int i = 0; i < 8; ++i) pin(s[i]);
+        pin(s);
       }
 
       // Masks: keys past the split -inf, bad indices NaN (flag word of key k:
@@ -664,11 +654,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_commit();
     }
     wgmma_wait<0>();
-#pragma unroll
-    for (int mb = 0; mb < 8; ++mb) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) pin(o[mb][i]);
-    }
+    pin(o);
 
     // ---- epilogue: l per head over the 64 rows of keys, O^T / l ------------
 #pragma unroll

@@ -255,8 +255,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
       }
       wgmma_commit();
       wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < TT::kAcc; ++i) pin(s[i]);
+      pin(s);
 
       // Word w of the stage's flags: keys kTokensPerLoaderWarp w .., key k at bit kLoadersPerToken (k % ..).
       const uint32_t* bad_words = flags + slot * 8;
@@ -515,8 +514,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
       mbar_arrive(mbar(kMbFull + (t + 1) % kStages));
     }
     wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < 128; ++i) pin(o[i]);
+    pin(o);
     bar_sync(kBarValues, kLoaderThreads);  // both value warpgroups are done with tile t
     if (t + 1 < n_tiles) mbar_arrive(mbar(kMbPEmpty));
     if constexpr (kRegLoads) {

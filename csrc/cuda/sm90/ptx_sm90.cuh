@@ -238,6 +238,17 @@ __device__ __forceinline__ void wgmma_m64n16k16_ss(float (&d)[8], uint64_t desc_
 // only sees the asm statement that issues it).
 __device__ __forceinline__ void pin(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 __device__ __forceinline__ void pin(uint32_t& x) { asm volatile("" : "+r"(x)::"memory"); }
+// Every register of an accumulator array.
+template <int N>
+__device__ __forceinline__ void pin(float (&x)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) pin(x[i]);
+}
+template <int M, int N>
+__device__ __forceinline__ void pin(float (&x)[M][N]) {
+#pragma unroll
+  for (int m = 0; m < M; ++m) pin(x[m]);
+}
 
 // mbarrier (shared-memory barrier object, sm_90 form): one 8-byte word set
 // up with the number of arrivals that complete a phase; a waiter passes the
