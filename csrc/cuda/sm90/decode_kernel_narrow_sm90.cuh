@@ -352,16 +352,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int m = 0; m < kColBlocks; ++m) {
         qv[m] = valid ? __ldg(src + c8 + 8 * m) : make_uint4(0, 0, 0, 0);
-        amax = bf16_finite_abs_max(qv[m].x, amax);
-        amax = bf16_finite_abs_max(qv[m].y, amax);
-        amax = bf16_finite_abs_max(qv[m].z, amax);
-        amax = bf16_finite_abs_max(qv[m].w, amax);
+        amax = bf16x8_finite_abs_max(qv[m], amax);
       }
-#pragma unroll
-      for (int lanes = 1; lanes < 8; lanes *= 2) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, lanes));
-      const int e = pow2_scale_exponent<134>(amax);  // max |q| 2^e in [2^7, 2^8)
-      const float factor = __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
-      if (c8 == 0) q_scale[row] = __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
+      const float factor = q_row_pow2_scale<8, 134>(amax, row, c8, q_scale);  // max |q| 2^e in [2^7, 2^8)
 #pragma unroll
       for (int m = 0; m < kColBlocks; ++m) {
         const uint32_t w[4] = {qv[m].x, qv[m].y, qv[m].z, qv[m].w};

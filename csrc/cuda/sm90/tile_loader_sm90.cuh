@@ -19,6 +19,27 @@ __device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk, int bloc
   return (chunk >> 3) * block_bytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
 }
 
+// The largest finite |x| of 8 bf16 (bits, as integers) folded into amax.
+__device__ __forceinline__ uint32_t bf16x8_finite_abs_max(const uint4& v, uint32_t amax) {
+  amax = bf16_finite_abs_max(v.x, amax);
+  amax = bf16_finite_abs_max(v.y, amax);
+  amax = bf16_finite_abs_max(v.z, amax);
+  return bf16_finite_abs_max(v.w, amax);
+}
+
+// The power-of-two scale of Q row `row`, whose elements kThreadsPerRow
+// consecutive lanes share (lane c passes the bf16 bits of its largest finite
+// |q|): returns 2^e with max |q| 2^e in [2^(kTopBiased - 127), 2^(kTopBiased
+// - 126)) and stores 2^-e into q_scale[row] (lane c == 0).
+template <int kThreadsPerRow, int kTopBiased>
+__device__ __forceinline__ float q_row_pow2_scale(uint32_t amax, int row, int c, float* q_scale) {
+#pragma unroll
+  for (int lanes = 1; lanes < kThreadsPerRow; lanes *= 2) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, lanes));
+  const int e = pow2_scale_exponent<kTopBiased>(amax);
+  if (c == 0) q_scale[row] = __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
+  return __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
+}
+
 // OCP fp8: Q row `row` (576 bf16 already in shared memory, swizzled) to f16
 // scaled by 2^e per head, max |q| * 2^e in [2^14, 2^15), so that products
 // with e4m3 codes (|k| <= 448) stay far inside fp32. kThreadsPerRow threads
@@ -37,16 +58,9 @@ __device__ __forceinline__ void scale_q_row_to_f16(uint32_t q_smem, int row, int
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "r"(q_smem + swizzled_offset(row, c + kThreadsPerRow * m, block_bytes)));
-    amax = bf16_finite_abs_max(v.x, amax);
-    amax = bf16_finite_abs_max(v.y, amax);
-    amax = bf16_finite_abs_max(v.z, amax);
-    amax = bf16_finite_abs_max(v.w, amax);
+    amax = bf16x8_finite_abs_max(v, amax);
   }
-#pragma unroll
-  for (int lanes = 1; lanes < kThreadsPerRow; lanes *= 2) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, lanes));
-  const int e = pow2_scale_exponent<141>(amax);  // max |q| * 2^e in [2^14, 2^15)
-  const float factor = __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
-  if (c == 0) q_scale[row] = __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
+  const float factor = q_row_pow2_scale<kThreadsPerRow, 141>(amax, row, c, q_scale);  // max |q| 2^e in [2^14, 2^15)
 #pragma unroll
   for (int m = 0; m < kChunks; ++m) {
     const uint32_t addr = q_smem + swizzled_offset(row, c + kThreadsPerRow * m, block_bytes);
