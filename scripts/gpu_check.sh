@@ -53,6 +53,16 @@ t0=$(date +%s)
 python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; echo BUILD FAILED; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"; grep -E "^ptxas|bytes spill" "$OUT/build.log" | sort | uniq | head -20
 rc=0
+# One competition-protocol run of an A/B step: the header line scripts/ab_table.py
+# reads ("## MLA_DECODE_EXP=LABEL") and the benchmark's output appended to LOG,
+# run in the tree DIR (first on PYTHONPATH) with the environment VAR=VALUE arguments.
+ab_run() {  # LOG LABEL DIR OUT_DIR [VAR=VALUE...]
+  local log=$1 label=$2 dir=$3 out=$4
+  shift 4
+  echo "## MLA_DECODE_EXP=$label" >> "$log"
+  (cd "$dir" && env PYTHONPATH="$dir${PYTHONPATH:+:$PYTHONPATH}" "$@" timeout "$AB_RUN_S" python3 \
+    benchmarks/bench_decode.py --skip-sweep --no-progress --no-accuracy ${AB_ARGS:-} --out "$out" >> "$log" 2>&1)
+}
 for step in $steps; do
   t0=$(date +%s)
   case $step in
@@ -75,9 +85,7 @@ for step in $steps; do
     ab)
       : > "$OUT/ab.log"
       for e in ${AB:-0 1 0 1}; do
-        echo "## MLA_DECODE_EXP=$e (${AB_VAR:-MLA_DECODE_EXP})" >> "$OUT/ab.log"
-        env "${AB_VAR:-MLA_DECODE_EXP}=$e" timeout "$AB_RUN_S" python3 benchmarks/bench_decode.py --skip-sweep --no-progress \
-          --no-accuracy ${AB_ARGS:-} --out "/tmp/ab_$e" >> "$OUT/ab.log" 2>&1 || rc=1
+        ab_run "$OUT/ab.log" "$e (${AB_VAR:-MLA_DECODE_EXP})" "$PWD" "/tmp/ab_$e" "${AB_VAR:-MLA_DECODE_EXP}=$e" || rc=1
       done
       python3 scripts/ab_table.py "$OUT/ab.log" ;;
     sanitize)
@@ -128,12 +136,8 @@ for step in $steps; do
       fi
       : > "$OUT/patchab.log"
       for i in $(seq "${AB_ROUNDS:-2}"); do
-        for side in main patched; do
-          dir=$PWD; [ $side = patched ] && dir=/tmp/patched
-          echo "## MLA_DECODE_EXP=$side" >> "$OUT/patchab.log"
-          (cd "$dir" && PYTHONPATH=$dir timeout "$AB_RUN_S" python3 benchmarks/bench_decode.py --skip-sweep --no-progress \
-            --no-accuracy ${AB_ARGS:-} --out "/tmp/patchab_$side" >> "$OUT/patchab.log" 2>&1) || rc=1
-        done
+        ab_run "$OUT/patchab.log" main "$PWD" /tmp/patchab_main || rc=1
+        ab_run "$OUT/patchab.log" patched /tmp/patched /tmp/patchab_patched || rc=1
       done
       python3 scripts/ab_table.py "$OUT/patchab.log" ;;
     *) echo "gpu_check: unknown step '$step' (tests, bench, ab, patchab, sanitize)"; rc=1 ;;
