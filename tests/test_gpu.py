@@ -218,6 +218,7 @@ def _child_env(**env_vars):
     env.pop("MLA_DECODE_MXFP4_KERNEL", None)
     env.pop("MLA_DECODE_SMEM_LIMIT", None)
     env.pop("MLA_DECODE_NARROW_QK", None)
+    env.pop("MLA_DECODE_NARROW_PV", None)
     env.update(env_vars)
     return env
 
@@ -315,15 +316,27 @@ def test_fp8_and_mxfp4_on_the_narrow_kernel():
 
 @pytest.mark.skipif(not _hopper_kernel_built(), reason="needs an H100/H200 and a build with TORCH_CUDA_ARCH_LIST 9.0a")
 def test_fp8_on_the_narrow_kernel_with_e4m3_qk():
-    """With the narrow kernel forced, OCP fp8 calls of the indptr layout run its e4m3-QK variant
-    (the default: TMA-landed codes, Q as two e4m3 terms, each QK k-step summed in fp32);
-    the other layouts stay on the f16 variant. The fp8 tests
-    of this file (matrix, forced splits, odd heads, NaN rows, bad indices, long items,
-    alternating shapes) and the graph replay test, in a child process that selects it."""
+    """With the narrow kernel forced, OCP fp8 calls of the indptr layout run the e4m3-QK
+    register-V kernel (the default: TMA-landed codes, Q as two e4m3 terms, each QK k-step
+    summed in fp32, PV with V converted in registers); the other layouts stay on the narrow
+    kernel's f16 variant. The fp8 tests of this file (matrix, forced splits, odd heads, NaN
+    rows, bad indices, long items, alternating shapes) and the graph replay test, in a child
+    process that selects it."""
     _run_this_file_in_child("(fp8 or odd_head or graph_replay) and not fnuz and not hopper and "
                             "not many_heads and not narrow and not bf16 and not mxfp4",
                             files=("test_torch_integration.py",),
                             MLA_DECODE_FP8_KERNEL="narrow", MLA_DECODE_NARROW_QK="e4m3")
+
+
+@pytest.mark.skipif(not _hopper_kernel_built(), reason="needs an H100/H200 and a build with TORCH_CUDA_ARCH_LIST 9.0a")
+def test_fp8_on_the_narrow_kernel_with_e4m3_qk_and_v_in_shared_memory():
+    """MLA_DECODE_NARROW_PV=smem keeps the narrow kernel's own e4m3-QK variant (V decoded
+    into shared memory by producer warpgroups) for those calls: the same tests as above."""
+    _run_this_file_in_child("(fp8 or odd_head or graph_replay) and not fnuz and not hopper and "
+                            "not many_heads and not narrow and not bf16 and not mxfp4",
+                            files=("test_torch_integration.py",),
+                            MLA_DECODE_FP8_KERNEL="narrow", MLA_DECODE_NARROW_QK="e4m3",
+                            MLA_DECODE_NARROW_PV="smem")
 
 
 @pytest.mark.skipif(not _hopper_kernel_built(), reason="needs an H100/H200 and a build with TORCH_CUDA_ARCH_LIST 9.0a")

@@ -130,6 +130,7 @@ constexpr int kStages = 2;
 constexpr int kSwizzleGroupBytes = 8 * 128;             // SBO: 8 rows of 128 bytes
 constexpr int kTokensPerLoaderWarp = 32 / kLoadersPerToken;         // 8: one bad-row word each
 constexpr int kFlagWords = kTileTokens / kTokensPerLoaderWarp;      // 8 per stage
+constexpr int kQtBlockBytes = 2 * kRows * 128;          // 4096: a column block of Q's two e4m3 terms
 
 enum NamedBarrier : int {
   kBarQ = 1,    // wg 0: Q stored
@@ -169,7 +170,6 @@ struct SmemE4m3 {
   static constexpr int kCodeBlocks = 5;                               // codes 0..639
   static constexpr int kCodeStageBytes = kCodeBlocks * kCodeBlockBytes;  // 40960: one TMA transaction
   static constexpr int kCodeStages = 3;
-  static constexpr int kQtBlockBytes = 2 * kRows * 128;               // 4096
   static constexpr int kQt = 0;
   static constexpr int kCodes = kQt + kCodeBlocks * kQtBlockBytes;
   static constexpr int kV = kCodes + kCodeStages * kCodeStageBytes;
@@ -256,6 +256,60 @@ __device__ __noinline__ MxChunkBf16 mx_chunk_to_bf16_two_factors(uint2 codes, ui
 // The dim stored at position j of an 8-dim group (MXFP4; fp8 keeps dim order).
 __device__ __forceinline__ int mx_dim_of_position(int j) { return (j >> 1) + 4 * (j & 1); }
 
+// Q of this CTA's 16 heads as two e4m3 terms for the e4m3 QK (the e4m3
+// variant here and decode_kernel_narrow_fp8_sm90.cuh): hi = e4m3(x), mid =
+// e4m3(16 (x - hi)), x = q 2^e per head (q_scale[head] = 2^-e), stored as
+// 5 column blocks of 32 rows (the hi terms of heads 0..15, then the mid
+// terms) x 128 codes, 128-byte swizzled (B of QK: K-major). Called by the
+// 128 threads of one warpgroup (tid 0..127); the caller fences and syncs.
+__device__ __forceinline__ void store_q_e4m3_terms(const MlaDecodeParams& p, const WorkItem& work, int tid,
+                                                   uint32_t q_smem, float* q_scale) {
+  // Thread tid handles head tid / 8,
+  // 8-element chunks j = tid % 8 + 8m (m = 0..8), loaded straight from
+  // global memory; heads past H (and every head of an orphan token) zero.
+  // The head's 8 threads (lanes 8k..8k+7) share its maximum; inf becomes
+  // NaN (e4m3 has no infinity; satfinite would clamp it to 448).
+  const int row = tid >> 3, c8 = tid & 7;
+  const int head = work.h0 + row;
+  const bool valid = !work.orphan && head < p.num_heads;
+  const uint4* src = reinterpret_cast<const uint4*>(
+      static_cast<const uint16_t*>(p.q) + static_cast<int64_t>(work.t) * p.q_stride_token +
+      static_cast<int64_t>(valid ? head : 0) * p.q_stride_head);
+  uint4 qv[kColBlocks];
+  uint32_t amax = 0;
+#pragma unroll
+  for (int m = 0; m < kColBlocks; ++m) {
+    qv[m] = valid ? __ldg(src + c8 + 8 * m) : make_uint4(0, 0, 0, 0);
+    amax = bf16x8_finite_abs_max(qv[m], amax);
+  }
+  const float factor = q_row_pow2_scale<8, 134>(amax, row, c8, q_scale);  // max |q| 2^e in [2^7, 2^8)
+#pragma unroll
+  for (int m = 0; m < kColBlocks; ++m) {
+    const uint32_t w[4] = {qv[m].x, qv[m].y, qv[m].z, qv[m].w};
+    uint32_t hi[2] = {0, 0}, mid[2] = {0, 0};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float x0 = __uint_as_float(w[i] << 16) * factor, x1 = __uint_as_float(w[i] & 0xFFFF0000u) * factor;
+      x0 = isinf(x0) ? CUDART_NAN_F : x0;
+      x1 = isinf(x1) ? CUDART_NAN_F : x1;
+      const uint32_t h2 = f32x2_to_e4m3x2(x0, x1);
+      const uint32_t back_bits = e4m3x2_to_f16x2<0>(h2);  // hi as f16 (exact)
+      const __half2 back = *reinterpret_cast<const __half2*>(&back_bits);
+      const uint32_t m2 = f32x2_to_e4m3x2((x0 - __low2float(back)) * kQMidScale,
+                                          (x1 - __high2float(back)) * kQMidScale);
+      hi[i >> 1] |= h2 << (16 * (i & 1));
+      mid[i >> 1] |= m2 << (16 * (i & 1));
+    }
+    // Chunk j = c8 + 8m: dims 8j..8j+7, bytes 8 (j % 16).. of column block j / 16.
+    const int j = c8 + 8 * m;
+    const uint32_t blk = q_smem + (j >> 4) * kQtBlockBytes + 8 * (j & 1);
+    const uint32_t a_hi = blk + row * 128 + ((((j & 15) >> 1) ^ (row & 7)) << 4);
+    const uint32_t a_mid = blk + (kRows + row) * 128 + ((((j & 15) >> 1) ^ ((kRows + row) & 7)) << 4);
+    asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(a_hi), "r"(hi[0]), "r"(hi[1]) : "memory");
+    asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(a_mid), "r"(mid[0]), "r"(mid[1]) : "memory");
+  }
+}
+
 // kv_map: the e4m3-QK variant's tensor map over the cache codes (dims {576,
 // cache rows}, boxes {128, 64}, 128-byte swizzle); unused by the others.
 template <KvFormat F, bool kE4m3Qk>
@@ -336,50 +390,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       setmaxnreg_dec<kConsumerRegs>();
     }
     if constexpr (kE4m3Qk) {
-      // Q as two e4m3 terms (see the top): thread tid handles head tid / 8,
-      // 8-element chunks j = tid % 8 + 8m (m = 0..8), loaded straight from
-      // global memory; heads past H (and every head of an orphan token) zero.
-      // The head's 8 threads (lanes 8k..8k+7) share its maximum; inf becomes
-      // NaN (e4m3 has no infinity; satfinite would clamp it to 448).
-      const int row = tid >> 3, c8 = tid & 7;
-      const int head = work.h0 + row;
-      const bool valid = !work.orphan && head < p.num_heads;
-      const uint4* src = reinterpret_cast<const uint4*>(
-          static_cast<const uint16_t*>(p.q) + static_cast<int64_t>(work.t) * p.q_stride_token +
-          static_cast<int64_t>(valid ? head : 0) * p.q_stride_head);
-      uint4 qv[kColBlocks];
-      uint32_t amax = 0;
-#pragma unroll
-      for (int m = 0; m < kColBlocks; ++m) {
-        qv[m] = valid ? __ldg(src + c8 + 8 * m) : make_uint4(0, 0, 0, 0);
-        amax = bf16x8_finite_abs_max(qv[m], amax);
-      }
-      const float factor = q_row_pow2_scale<8, 134>(amax, row, c8, q_scale);  // max |q| 2^e in [2^7, 2^8)
-#pragma unroll
-      for (int m = 0; m < kColBlocks; ++m) {
-        const uint32_t w[4] = {qv[m].x, qv[m].y, qv[m].z, qv[m].w};
-        uint32_t hi[2] = {0, 0}, mid[2] = {0, 0};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          float x0 = __uint_as_float(w[i] << 16) * factor, x1 = __uint_as_float(w[i] & 0xFFFF0000u) * factor;
-          x0 = isinf(x0) ? CUDART_NAN_F : x0;
-          x1 = isinf(x1) ? CUDART_NAN_F : x1;
-          const uint32_t h2 = f32x2_to_e4m3x2(x0, x1);
-          const uint32_t back_bits = e4m3x2_to_f16x2<0>(h2);  // hi as f16 (exact)
-          const __half2 back = *reinterpret_cast<const __half2*>(&back_bits);
-          const uint32_t m2 = f32x2_to_e4m3x2((x0 - __low2float(back)) * kQMidScale,
-                                              (x1 - __high2float(back)) * kQMidScale);
-          hi[i >> 1] |= h2 << (16 * (i & 1));
-          mid[i >> 1] |= m2 << (16 * (i & 1));
-        }
-        // Chunk j = c8 + 8m: dims 8j..8j+7, bytes 8 (j % 16).. of column block j / 16.
-        const int j = c8 + 8 * m;
-        const uint32_t blk = q_smem + (j >> 4) * SmemE4m3::kQtBlockBytes + 8 * (j & 1);
-        const uint32_t a_hi = blk + row * 128 + ((((j & 15) >> 1) ^ (row & 7)) << 4);
-        const uint32_t a_mid = blk + (kRows + row) * 128 + ((((j & 15) >> 1) ^ ((kRows + row) & 7)) << 4);
-        asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(a_hi), "r"(hi[0]), "r"(hi[1]) : "memory");
-        asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(a_mid), "r"(mid[0]), "r"(mid[1]) : "memory");
-      }
+      store_q_e4m3_terms(p, work, tid, q_smem, q_scale);
       fence_proxy_async_shared();
       bar_sync(kBarQ, 128);
     } else {
@@ -474,7 +485,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int k = 0; k < kQkStepsPerGroup; ++k) {
             const int ks = grp * kQkStepsPerGroup + k;  // 32 codes: column block ks / 4, bytes 32 (ks % 4)..
             const uint64_t desc_k = desc_k0 + (((ks / 4) * SmemE4m3::kCodeBlockBytes + (ks % 4) * 32) >> 4);
-            const uint64_t desc_q = desc_q0 + (((ks / 4) * SmemE4m3::kQtBlockBytes + (ks % 4) * 32) >> 4);
+            const uint64_t desc_q = desc_q0 + (((ks / 4) * kQtBlockBytes + (ks % 4) * 32) >> 4);
             if (k == 0) wgmma_m64n32k32_e4m3_ss_first(acc[grp & 1], desc_k, desc_q);
             else wgmma_m64n32k32_e4m3_ss<true>(acc[grp & 1], desc_k, desc_q);
           }

@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "decode_kernel_narrow_sm90.cuh"
+#include "decode_kernel_narrow_fp8_sm90.cuh"
 #if MLA_NARROW_HAS_TMA
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #endif
@@ -36,6 +36,18 @@ bool narrow_e4m3_qk_requested() {
   static const bool requested = [] {
     const char* v = std::getenv("MLA_DECODE_NARROW_QK");
     return v == nullptr || std::strcmp(v, "f16") != 0;
+  }();
+  return requested;
+}
+
+// Which kernel takes the e4m3-QK calls: the register-V kernel
+// (decode_kernel_narrow_fp8_sm90.cuh, PV with V in registers) unless
+// MLA_DECODE_NARROW_PV=smem (read once per process) keeps the narrow
+// kernel's e4m3-QK variant (V decoded into shared memory), for A/B runs.
+bool narrow_register_v_requested() {
+  static const bool requested = [] {
+    const char* v = std::getenv("MLA_DECODE_NARROW_PV");
+    return v == nullptr || std::strcmp(v, "smem") != 0;
   }();
   return requested;
 }
@@ -116,6 +128,14 @@ cudaError_t launch_narrow_variant(const DecodeLaunch& args, const sm90::CodeTens
                                   sm90::narrow::kThreads, kSmem, configured_devices, stream, args, map);
 }
 
+cudaError_t launch_narrow_register_v(const DecodeLaunch& args, const sm90::CodeTensorMap& map, cudaStream_t stream) {
+  constexpr int kSmem = sm90::narrow_fp8::Smem::kTotal;
+  static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
+  static unsigned long long configured_devices = 0;
+  return launch_with_dynamic_smem(sm90::narrow_fp8::decode_narrow_fp8_kernel, split_grid(args),
+                                  sm90::narrow_fp8::kThreads, kSmem, configured_devices, stream, args, map);
+}
+
 template <KvFormat F>
 cudaError_t launch_narrow_format(const DecodeLaunch& args, cudaStream_t stream) {
   sm90::CodeTensorMap map{};  // unused by the f16 variants
@@ -123,6 +143,7 @@ cudaError_t launch_narrow_format(const DecodeLaunch& args, cudaStream_t stream) 
     if (narrow_e4m3_qk_applies(args.p)) {
       const cudaError_t err = encode_code_map(args.p, &map);
       if (err != cudaSuccess) return err;
+      if (narrow_register_v_requested()) return launch_narrow_register_v(args, map, stream);
       return launch_narrow_variant<F, true>(args, map, stream);
     }
   }
@@ -132,7 +153,9 @@ cudaError_t launch_narrow_format(const DecodeLaunch& args, cudaStream_t stream) 
 }  // namespace
 
 // The larger of the variants' layouts, so that a plan that fits fits either.
-int narrow_smem_bytes() { return std::max(sm90::narrow::Smem::kTotal, sm90::narrow::SmemE4m3::kTotal); }
+int narrow_smem_bytes() {
+  return std::max({sm90::narrow::Smem::kTotal, sm90::narrow::SmemE4m3::kTotal, sm90::narrow_fp8::Smem::kTotal});
+}
 
 int narrow_tile_tokens() { return sm90::narrow::kTileTokens; }
 

@@ -233,6 +233,19 @@ __device__ __forceinline__ void wgmma_m64n16k16_ss(float (&d)[8], uint64_t desc_
 #endif
 }
 
+// d (64 x 16 fp32) += A (64 x 16 f16, registers) * B (16 x 16 f16, shared,
+// K-major). A is the mma.sync m16n8k16 fragment of the warp's 16 rows:
+// a0 = (row g, k 2c..2c+1), a1 = (row g+8, k 2c..), a2 = (row g, k 8+2c..),
+// a3 = (row g+8, k 8+2c..), the lower k in the low half.
+__device__ __forceinline__ void wgmma_m64n16k16_f16_rs(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b) {
+#if MLA_SM90A_DEVICE
+  asm volatile("wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {" MLA_WGMMA_R8
+               "}, {%8, %9, %10, %11}, %12, 1, 1, 1, 0;\n"
+               : MLA_WGMMA_D8
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+#endif
+}
+
 // Keeps the compiler from moving reads or writes of a register that an
 // in-flight wgmma uses across this point (wgmma is asynchronous; the compiler
 // only sees the asm statement that issues it).

@@ -1,0 +1,508 @@
+// Split-KV MLA decode for an OCP fp8 cache (indptr layout) on Hopper (sm_90a)
+// with few heads (H < 64, head groups of 16): the narrow kernel's fp8 form
+// with V in registers ("register-V"). It takes the calls that the narrow
+// kernel's e4m3-QK variant took (decode_narrow_sm90.cu says which).
+//
+// Why (session 15, docs/kernel-design.md): the e4m3-QK variant stores each
+// tile's V decoded to f16 in shared memory (64 KB written, 64 KB read by PV,
+// 32 KB of codes read to decode it) besides the codes' TMA write (40 KB) and
+// QK's reads (36 KB + Q): ~260 KB per 64-key tile, ~2000 cycles of the 128
+// bytes per cycle an SM's shared memory moves, as long as the DRAM floor of
+// a tile (36 KB at ~18 bytes per cycle per SM). Here PV takes A = V^T from
+// registers: the value warpgroups read the codes once with ldmatrix (32 KB)
+// and convert them in registers, so no decoded V exists in shared memory
+// (~140 KB per tile), and the 64 KB of the V stage become a fourth code stage.
+//
+//   S^T (64 keys x 16 heads) = K Q^T: 18 x wgmma m64n32k32 e4m3, A = the
+//       codes (TMA, K-major), B = Q as two e4m3 terms (hi | mid) along N,
+//       each k-step added to the scores in fp32 (as the e4m3-QK variant,
+//       decode_kernel_narrow_sm90.cuh, whose Q layout and QK this reuses).
+//   O^T (dims x 16 heads) += V^T P^T: per value warpgroup 4 M blocks of 64
+//       dims x 4 k-steps of wgmma m64n16k16 f16 with A in registers, B = P^T
+//       (f16, shared).
+//
+// Grid and outputs: as every split kernel (decode_common.h), head groups of
+// 16: x = query token * head_groups + head group, y = KV split; one split
+// writes bf16 out and lse, several write fp32 partials for combine_kernel.
+//
+// Block: 384 threads, one CTA per SM (shared memory).
+//   wg 0 (scorer): Q's e4m3 terms, QK, the online softmax with lazy
+//       rescaling (as the narrow kernel: the reference maximum stays until a
+//       score exceeds it by 2^8), P^T (f16) into one of two P buffers with
+//       the rescale flag and per-head factors, the row sums and the LSE.
+//   wg 1, 2 (value warpgroups): dims 0..255 and 256..511 of O^T (32 fp32
+//       registers per thread). Per tile: ldmatrix .trans of the codes, e4m3
+//       -> f16 in registers (64 registers: the whole tile's A fragments),
+//       then, once P^T is stored, the optional rescale of O^T and 16 wgmma.
+//       Thread 0 of wg 1 issues the TMA loads (kCodeStages tiles ahead).
+//
+// A fragments from the codes (this thread: g = lane / 4, c = lane % 4; warp
+// w of the value warpgroup; a 16-dim slice d0 = 256 vwg + 64 mb + 16 w):
+// ldmatrix .trans of 8 keys x 16 code bytes (8 b16 "dim pairs") gives lane
+// (g, c) the b16 elements (key 2c, pair g) and (key 2c + 1, pair g), i.e.
+// bytes [k2c d2g, k2c d2g+1, k2c+1 d2g, k2c+1 d2g+1]. One byte permute makes
+// (k2c d2g, k2c+1 d2g | k2c d2g+1, k2c+1 d2g+1), and two conversions the
+// f16 pairs of A rows g and g + 8: so A row g is dim d0 + 2g and row g + 8
+// dim d0 + 2g + 1, and O^T's accumulator rows follow the same map (the
+// epilogue's dim = d0 + 2g + r).
+//
+// Shared memory (Smem below, ~186 KB; operand regions 1024-byte aligned):
+//   Q terms   5 column blocks of 32 rows x 128 codes (4 KB each)
+//   codes     4 stages of 5 column blocks of 64 keys x 128 codes (TMA boxes;
+//             codes 576..639 and rows past the cache arrive as zeros)
+//   P^T       2 buffers of 16 heads x 64 keys f16 (one column block each)
+//   per P buffer: the rescale flag and the 16 heads' factors
+//   the per-warp maxima exchange [2][4][16], the per-warp sums [4][16], the
+//   heads' output factors [16] (1 / l, the cache scale), Q's per-head scale,
+//   mbarriers.
+//
+// Synchronisation (mbarriers; named barriers within wg 0, and one of all
+// 384 threads before the value warpgroups' epilogue):
+//   code_full[s]   TMA bytes + the issuing thread's arrival.
+//   code_empty[s]  the 4 scorer warps (QK of the tile done) and the 8 value
+//                  warps (their ldmatrix reads done): 12 arrivals; then wg 1's
+//                  thread 0 refills the stage with tile t + kCodeStages.
+//   p_full[b]      the 128 scorer threads (P^T, flag and factors of tile t
+//                  stored and fenced).
+//   p_empty[b]     the 8 value warps (PV of tile t complete): the scorer
+//                  waits before it writes tile t + 2 into buffer b.
+#pragma once
+
+#include "decode_kernel_narrow_sm90.cuh"
+
+namespace mla_decode {
+namespace cuda {
+namespace sm90 {
+namespace narrow_fp8 {
+
+using narrow::kColBlocks;
+using narrow::kLazyLog2;
+using narrow::kQBlockBytes;
+using narrow::kQkGroups;
+using narrow::kQkStepsPerGroup;
+using narrow::kQMidScale;
+using narrow::kQtBlockBytes;
+using narrow::kRows;
+using narrow::kSwizzleGroupBytes;
+using narrow::kTileTokens;
+using narrow::opaque;
+
+constexpr int kThreads = 384;
+constexpr int kCodeBlockBytes = kTileTokens * 128;               // 8192: 64 keys x 128 codes
+constexpr int kCodeBlocks = 5;                                   // codes 0..639 (576.. zero-filled)
+constexpr int kCodeStageBytes = kCodeBlocks * kCodeBlockBytes;   // 40960: one TMA transaction
+constexpr int kCodeStages = 4;
+constexpr int kPBufs = 2;
+constexpr int kValueBlocks = kHeadDimV / 2 / 64;                 // 4 M blocks of 64 dims per value warpgroup
+constexpr int kPvSteps = kTileTokens / 16;                       // 4 k-steps of 16 keys
+
+enum NamedBarrier : int {
+  kBarQ = 1,         // wg 0: Q's terms stored
+  kBarMax = 2,       // wg 0: the rescale vote; the per-warp maxima exchanged
+  kBarSum = 3,       // wg 0: the per-warp sums exchanged (epilogue)
+  kBarEpilogue = 4,  // all: the heads' output factors stored (value warpgroups' epilogue)
+};
+
+struct Smem {
+  static constexpr int kQt = 0;
+  static constexpr int kCodes = kQt + kCodeBlocks * kQtBlockBytes;
+  static constexpr int kPt = kCodes + kCodeStages * kCodeStageBytes;
+  static constexpr int kAlpha = kPt + kPBufs * kQBlockBytes;   // [kPBufs][16] fp32: rescale factors
+  static constexpr int kRescale = kAlpha + kPBufs * kRows * 4;  // [kPBufs] u32: rescale flag
+  static constexpr int kMaxX = kRescale + 4 * kPBufs;           // [2 tiles][4 warps][16] fp32
+  static constexpr int kSumX = kMaxX + 2 * 4 * kRows * 4;       // [4 warps][16] fp32
+  static constexpr int kOutScale = kSumX + 4 * kRows * 4;       // [16] fp32: 1 / l times the cache scale
+  static constexpr int kQScale = kOutScale + kRows * 4;         // [16] fp32: Q's per-head 2^-e
+  static constexpr int kBars = kQScale + kRows * 4;
+  static constexpr int kBarCodeFull = 0;                  // + stage
+  static constexpr int kBarCodeEmpty = kCodeStages;       // + stage
+  static constexpr int kBarPFull = 2 * kCodeStages;       // + buffer
+  static constexpr int kBarPEmpty = 2 * kCodeStages + kPBufs;  // + buffer
+  static constexpr int kBarCount = 2 * kCodeStages + 2 * kPBufs;
+  static constexpr int kTotal = kBars + kBarCount * 8;
+};
+static_assert(Smem::kCodes % 1024 == 0 && Smem::kPt % 1024 == 0 && kQBlockBytes % 1024 == 0,
+              "swizzle atoms are 1024-byte aligned");
+static_assert(Smem::kBars % 8 == 0, "mbarrier alignment");
+constexpr int kCodeEmptyArrivals = 4 + 8;  // scorer warps + value warps
+
+// Tile `tile`'s codes of 8 keys x 16 dims as A fragments: r (from ldmatrix
+// .trans, see the top) -> a0 / a1 (A rows g / g + 8, keys 2c, 2c + 1) from
+// r_lo and a2 / a3 (keys 8 + 2c, ..) from r_hi.
+__device__ __forceinline__ void codes_to_a_fragment(uint32_t r_lo, uint32_t r_hi, uint32_t (&a)[4]) {
+  const uint32_t lo = prmt(r_lo, 0, 0x3120), hi = prmt(r_hi, 0, 0x3120);
+  a[0] = e4m3x2_to_f16x2<0>(lo);
+  a[1] = e4m3x2_to_f16x2<1>(lo);
+  a[2] = e4m3x2_to_f16x2<0>(hi);
+  a[3] = e4m3x2_to_f16x2<1>(hi);
+}
+
+// kv_map: the tensor map over the cache codes (dims {576, cache rows}, boxes
+// {128, 64}, 128-byte swizzle), as the e4m3-QK variant's.
+__global__ void __launch_bounds__(kThreads, 1)
+    decode_narrow_fp8_kernel(const DecodeLaunch args, const __grid_constant__ CodeTensorMap kv_map) {
+#if MLA_SM90A_DEVICE
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const MlaDecodeParams& p = args.p;
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const int warp = (tid / 32) % 4;
+  const int lane = tid % 32;
+  const int g = lane >> 2;
+  const int c = lane & 3;
+
+  const uint32_t smem_base = smem_u32(smem);
+  const uint32_t q_smem = smem_base + Smem::kQt;
+  const uint32_t codes_smem = smem_base + Smem::kCodes;
+  const uint32_t pt_smem = smem_base + Smem::kPt;
+  float* alpha_x = reinterpret_cast<float*>(smem + Smem::kAlpha);
+  uint32_t* rescale_x = reinterpret_cast<uint32_t*>(smem + Smem::kRescale);
+  float* max_x = reinterpret_cast<float*>(smem + Smem::kMaxX);
+  float* sum_x = reinterpret_cast<float*>(smem + Smem::kSumX);
+  float* out_scale_x = reinterpret_cast<float*>(smem + Smem::kOutScale);
+  float* q_scale = reinterpret_cast<float*>(smem + Smem::kQScale);
+
+  const WorkItem work = locate_work<kTileTokens, kRows>(args);
+  const int kv_begin = work.kv_begin, kv_end = work.kv_end;
+  const int n_tiles = ceil_div(kv_end - kv_begin, kTileTokens);
+  const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
+  const uint32_t bars = smem_base + Smem::kBars;
+  auto mbar = [&](int i) { return bars + 8 * i; };
+  if (tid == 0) {
+    for (int i = 0; i < kCodeStages; ++i) {
+      mbar_init(mbar(Smem::kBarCodeFull + i), 1);
+      mbar_init(mbar(Smem::kBarCodeEmpty + i), kCodeEmptyArrivals);
+    }
+    for (int i = 0; i < kPBufs; ++i) {
+      mbar_init(mbar(Smem::kBarPFull + i), 128);
+      mbar_init(mbar(Smem::kBarPEmpty + i), 8);
+    }
+    fence_mbarrier_init();
+  }
+  // The cache rows: kv_indptr[b] + j (indptr layout only).
+  const int64_t contiguous_base = work.orphan ? 0 : static_cast<int64_t>(__ldg(p.kv_indptr + work.b));
+  __syncthreads();
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+
+  if (wg == 0) {
+    // ============================== scorer ===================================
+    narrow::store_q_e4m3_terms(p, work, tid, q_smem, q_scale);
+    fence_proxy_async_shared();
+    bar_sync(kBarQ, 128);
+
+    // Accumulator layout (m64n16 of fp32): s[4j + 2r + e] = (key 16 warp + g
+    // + 8r, head 8j + 2c + e); this thread's heads hd[2j + e] = 8j + 2c + e.
+    const int key0 = 16 * warp + g;
+    float head_scale[4];  // log2-domain score scale per head: times the cache scale and Q's 2^-e
+    {
+      const float scale = p.sm_scale * 1.4426950408889634f * __ldg(p.fp8_scale);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) head_scale[i] = scale * q_scale[8 * (i >> 1) + 2 * c + (i & 1)];
+    }
+    float m_run[4] = {-CUDART_INF_F, -CUDART_INF_F, -CUDART_INF_F, -CUDART_INF_F};
+    float l_part[4] = {0.f, 0.f, 0.f, 0.f};  // this thread's keys only (reduced at the end)
+
+    for (int t = 0; t < n_tiles; ++t) {
+      const int stage = t % kCodeStages;
+      const int buf = t % kPBufs;
+      // S^T = K Q^T from the codes: each k-step accumulated by the tensor
+      // cores from zero into acc[step % 2] and added to s in fp32 (hi + mid /
+      // 16) while the next one runs.
+      float s[8];
+      {
+        mbar_wait(mbar(Smem::kBarCodeFull + stage), (t / kCodeStages) & 1);
+        const uint64_t desc_k0 =
+            opaque(smem_desc_sw128(codes_smem + stage * kCodeStageBytes, 16, kSwizzleGroupBytes));
+        const uint64_t desc_q0 = opaque(smem_desc_sw128(q_smem, 16, kSwizzleGroupBytes));
+        float acc[2][16];
+        auto promote = [&](float(&a)[16]) {
+          pin(a);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) s[i] += fmaf(a[8 + i], 1.f / kQMidScale, a[i]);
+        };
+#pragma unroll
+        for (int i = 0; i < 8; ++i) s[i] = 0.f;
+#pragma unroll
+        for (int grp = 0; grp < kQkGroups; ++grp) {
+          wgmma_fence();
+#pragma unroll
+          for (int k = 0; k < kQkStepsPerGroup; ++k) {
+            const int ks = grp * kQkStepsPerGroup + k;  // 32 codes: column block ks / 4, bytes 32 (ks % 4)..
+            const uint64_t desc_k = desc_k0 + (((ks / 4) * kCodeBlockBytes + (ks % 4) * 32) >> 4);
+            const uint64_t desc_q = desc_q0 + (((ks / 4) * kQtBlockBytes + (ks % 4) * 32) >> 4);
+            if (k == 0) wgmma_m64n32k32_e4m3_ss_first(acc[grp & 1], desc_k, desc_q);
+            else wgmma_m64n32k32_e4m3_ss<true>(acc[grp & 1], desc_k, desc_q);
+          }
+          wgmma_commit();
+          if (grp >= 1) {
+            wgmma_wait<1>();  // group grp-1 is complete
+            promote(acc[(grp - 1) & 1]);
+          }
+        }
+        wgmma_wait<0>();
+        promote(acc[(kQkGroups - 1) & 1]);
+        if (lane == 0) mbar_arrive(mbar(Smem::kBarCodeEmpty + stage));  // this warp's QK reads are done
+      }
+
+      // Masks: keys past the split -inf, rows outside the cache (their codes
+      // arrived as zeros) NaN. Scores to the log2 domain.
+      const int tok0 = kv_begin + t * kTileTokens;
+      bool over = false;  // a score above m_run + kLazyLog2 (NaN compares false)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int key = key0 + 8 * r;
+        const bool past = tok0 + key >= kv_end;
+        const int64_t row = contiguous_base + tok0 + key;
+        const bool is_bad = row < 0 || row >= p.num_cache_rows;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {  // i = 2j + e
+          float v = s[4 * (i >> 1) + 2 * r + (i & 1)] * head_scale[i];
+          v = past ? -CUDART_INF_F : (is_bad ? CUDART_NAN_F : v);
+          s[4 * (i >> 1) + 2 * r + (i & 1)] = v;
+          over |= v > m_run[i] + kLazyLog2;
+        }
+      }
+      // Lazy rescaling (as the narrow kernel): the running reference m_run
+      // stays while no score exceeds it by more than kLazyLog2; otherwise a
+      // head's maximum over the tile (the 8 lanes with the same c, then the
+      // 4 warps through shared memory, double-buffered by tile parity) and
+      // the factors alpha that the value warpgroups apply to O^T before
+      // tile t's PV.
+      const bool rescale = bar_sync_or(kBarMax, 128, over);
+      float alpha[4] = {1.f, 1.f, 1.f, 1.f};
+      if (rescale) {
+        float mx[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          mx[i] = fmaxf(s[4 * (i >> 1) + (i & 1)], s[4 * (i >> 1) + 2 + (i & 1)]);
+          mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 4));
+          mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 8));
+          mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 16));
+        }
+        float* mx_buf = max_x + (t & 1) * 4 * kRows;
+        if (g == 0) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) mx_buf[warp * kRows + 8 * (i >> 1) + 2 * c + (i & 1)] = mx[i];
+        }
+        bar_sync(kBarMax, 128);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int hd = 8 * (i >> 1) + 2 * c + (i & 1);
+          const float m_tile =
+              fmaxf(fmaxf(mx_buf[hd], mx_buf[kRows + hd]), fmaxf(mx_buf[2 * kRows + hd], mx_buf[3 * kRows + hd]));
+          const float m_new = fmaxf(m_run[i], m_tile);
+          alpha[i] = exp2f(m_run[i] - (m_new == -CUDART_INF_F ? 0.f : m_new));
+          m_run[i] = m_new;
+          l_part[i] *= alpha[i];
+        }
+      }
+      // P = exp2(s - m_run) in f16 pairs: p_pairs[2j + r] = keys 16 warp + g +
+      // 8r, heads 8j + 2c, 8j + 2c + 1.
+      uint32_t p_pairs[4];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float pv[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int i = 2 * j + e;
+            const float m_ref = m_run[i] == -CUDART_INF_F ? 0.f : m_run[i];
+            pv[e] = exp2f(s[4 * j + 2 * r + e] - m_ref);
+            l_part[i] += pv[e];
+          }
+          const __half2 h = __floats2half2_rn(pv[0], pv[1]);
+          p_pairs[2 * j + r] = *reinterpret_cast<const uint32_t*>(&h);
+        }
+      }
+      // Buffer buf is free once the PV of tile t - kPBufs is complete.
+      if (t >= kPBufs) mbar_wait(mbar(Smem::kBarPEmpty + buf), ((t / kPBufs) - 1) & 1);
+      if (tid == 0) rescale_x[buf] = rescale ? 1u : 0u;
+      if (rescale && warp == 0 && g == 0) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) alpha_x[buf * kRows + 8 * (i >> 1) + 2 * c + (i & 1)] = alpha[i];
+      }
+      // P^T (B of PV: keys along K, heads along N, K-major): one stmatrix
+      // .trans per warp, as the narrow kernel (matrix 2j + r lands as the rows
+      // of heads 8j.., chunk 2 warp + r).
+      {
+        const int mat = lane >> 3, hd = 8 * (mat >> 1) + (lane & 7), chunk = 2 * warp + (mat & 1);
+        const uint32_t addr = pt_smem + buf * kQBlockBytes + hd * 128 + ((chunk ^ (hd & 7)) << 4);
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                     "r"(p_pairs[0]), "r"(p_pairs[1]), "r"(p_pairs[2]), "r"(p_pairs[3])
+                     : "memory");
+      }
+      fence_proxy_async_shared();
+      mbar_arrive(mbar(Smem::kBarPFull + buf));
+    }
+
+    // ---- epilogue: l per head over the 64 rows of keys, the LSE, and the
+    // heads' output factors for the value warpgroups ------------------------
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      l_part[i] += __shfl_xor_sync(0xffffffffu, l_part[i], 4);
+      l_part[i] += __shfl_xor_sync(0xffffffffu, l_part[i], 8);
+      l_part[i] += __shfl_xor_sync(0xffffffffu, l_part[i], 16);
+    }
+    if (g == 0) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) sum_x[warp * kRows + 8 * (i >> 1) + 2 * c + (i & 1)] = l_part[i];
+    }
+    bar_sync(kBarSum, 128);
+    if (warp == 0 && g == 0) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int hd = 8 * (i >> 1) + 2 * c + (i & 1);
+        const float l = sum_x[hd] + sum_x[kRows + hd] + sum_x[2 * kRows + hd] + sum_x[3 * kRows + hd];
+        const bool nan = isnan(l) || work.orphan;
+        out_scale_x[hd] = nan ? CUDART_NAN_F : (l > 0.f ? __ldg(p.fp8_scale) / l : 0.f);  // V's dequantisation too
+        const int h = work.h0 + hd;
+        if (h < p.num_heads) {
+          float lse = l > 0.f ? (m_run[i] + __log2f(l)) * 0.6931471805599453f : -CUDART_INF_F;
+          if (nan) lse = CUDART_NAN_F;
+          if (args.num_splits == 1) {
+            p.lse[static_cast<int64_t>(work.t) * p.lse_stride_token + static_cast<int64_t>(h) * p.lse_stride_head] =
+                lse;
+          } else {
+            const int64_t out_row = static_cast<int64_t>(work.t) * p.num_heads + h;
+            args.partial_lse[static_cast<int64_t>(work.split) * rows + out_row] = lse;
+          }
+        }
+      }
+    }
+    bar_arrive(kBarEpilogue, kThreads);
+  } else {
+    // ========================== value warpgroups =============================
+    const int vt = tid - 128;
+    const int vwg = vt / 128;  // dims 256 vwg..
+    // ldmatrix addresses: lane l gives row l % 8 of matrix l / 8 (keys 8 (l /
+    // 8) + l % 8 of a 32-key half tile); the 16-byte chunk of dims d0.. in
+    // the swizzled 128-code row (chunk ^ key % 8). d0 % 128 / 16 = 4 (mb % 2)
+    // + warp, column block 2 vwg + mb / 2.
+    const int mi = lane >> 3, ri = lane & 7;
+    uint32_t lane_off[2];
+#pragma unroll
+    for (int par = 0; par < 2; ++par) lane_off[par] = (8 * mi + ri) * 128 + (((4 * par + warp) ^ ri) << 4);
+
+    auto issue_code_tile = [&](int tile) {
+      const int stage = tile % kCodeStages;
+      const uint32_t bar = mbar(Smem::kBarCodeFull + stage);
+      const uint32_t dst = codes_smem + stage * kCodeStageBytes;
+      const int y = static_cast<int>(contiguous_base + kv_begin + tile * kTileTokens);
+      mbar_arrive_expect_tx(bar, kCodeStageBytes);
+#pragma unroll
+      for (int blk = 0; blk < kCodeBlocks; ++blk) tma_load_2d(dst + blk * kCodeBlockBytes, &kv_map, 128 * blk, y, bar);
+    };
+    if (vt == 0) {
+      for (int tile = 0; tile < kCodeStages && tile < n_tiles; ++tile) issue_code_tile(tile);
+    }
+
+    float o[kValueBlocks][8];  // O^T: o[mb][4j + 2r + e] = (dim d0(mb) + 2g + r, head 8j + 2c + e)
+#pragma unroll
+    for (int mb = 0; mb < kValueBlocks; ++mb) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o[mb][i] = 0.f;
+    }
+    uint32_t a[kValueBlocks][kPvSteps][4];  // the tile's A fragments (V^T in f16)
+
+    for (int t = 0; t < n_tiles; ++t) {
+      const int stage = t % kCodeStages;
+      const int buf = t % kPBufs;
+      mbar_wait(mbar(Smem::kBarCodeFull + stage), (t / kCodeStages) & 1);
+      // Keys of the tile inside the split (the rest: zeros, their codes may
+      // be another item's or NaN).
+      const int valid = kv_end - (kv_begin + t * kTileTokens);
+      const uint32_t stage_base = codes_smem + stage * kCodeStageBytes + vwg * 2 * kCodeBlockBytes;
+#pragma unroll
+      for (int mb = 0; mb < kValueBlocks; ++mb) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {  // keys 32 half..
+          uint32_t r[4];
+          ldmatrix_x4_trans(r, stage_base + (mb >> 1) * kCodeBlockBytes + lane_off[mb & 1] + half * 32 * 128);
+          if (valid < kTileTokens) {
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {
+              const int key = 32 * half + 8 * m + 2 * c;
+              r[m] &= (key < valid ? 0x0000FFFFu : 0u) | (key + 1 < valid ? 0xFFFF0000u : 0u);
+            }
+          }
+          codes_to_a_fragment(r[0], r[1], a[mb][2 * half]);
+          codes_to_a_fragment(r[2], r[3], a[mb][2 * half + 1]);
+        }
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(mbar(Smem::kBarCodeEmpty + stage));  // this warp's reads are done
+      if (vt == 0 && t + kCodeStages < n_tiles) {
+        // The stage takes tile t + kCodeStages once all its readers are done
+        // (the scorer's QK of tile t is, by the time P^T of tile t is stored).
+        mbar_wait(mbar(Smem::kBarCodeEmpty + stage), (t / kCodeStages) & 1);
+        issue_code_tile(t + kCodeStages);
+      }
+
+      mbar_wait(mbar(Smem::kBarPFull + buf), (t / kPBufs) & 1);  // P^T of tile t stored
+      if (rescale_x[buf] != 0u) {
+        float al[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) al[i] = alpha_x[buf * kRows + 8 * (i >> 1) + 2 * c + (i & 1)];
+#pragma unroll
+        for (int mb = 0; mb < kValueBlocks; ++mb) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) o[mb][i] *= al[2 * (i >> 2) + (i & 1)];
+        }
+      }
+      wgmma_fence();
+      const uint64_t desc_p0 = opaque(smem_desc_sw128(pt_smem + buf * kQBlockBytes, 16, kSwizzleGroupBytes));
+#pragma unroll
+      for (int mb = 0; mb < kValueBlocks; ++mb) {
+#pragma unroll
+        for (int kk = 0; kk < kPvSteps; ++kk) {
+          // B = P^T: keys 16 kk.. (32 bytes on) x 16 heads, K-major.
+          wgmma_m64n16k16_f16_rs(o[mb], a[mb][kk], desc_p0 + ((32 * kk) >> 4));
+        }
+      }
+      wgmma_commit();
+      // PV of tile t complete: the A registers may be overwritten and the P
+      // buffer refilled. (Waited here, not at the next iteration's top: a
+      // group pending across the loop's back edge makes ptxas serialise
+      // every wgmma of the kernel, C7515. The A registers are single-buffered,
+      // so the next tile's conversion could not overlap this PV anyway.)
+      wgmma_wait<0>();
+      pin(o);
+      if (lane == 0) mbar_arrive(mbar(Smem::kBarPEmpty + buf));
+    }
+
+    // ---- epilogue: O^T times the heads' factors ------------------------------
+    bar_sync(kBarEpilogue, kThreads);
+    float scale[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) scale[i] = out_scale_x[8 * (i >> 1) + 2 * c + (i & 1)];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int h = work.h0 + 8 * (i >> 1) + 2 * c + (i & 1);
+      if (h >= p.num_heads) continue;
+      const int64_t out_row = static_cast<int64_t>(work.t) * p.num_heads + h;
+#pragma unroll
+      for (int mb = 0; mb < kValueBlocks; ++mb) {
+        const int dim = 256 * vwg + 64 * mb + 16 * warp + 2 * g;  // and dim + 1
+        const float v0 = o[mb][4 * (i >> 1) + (i & 1)] * scale[i];
+        const float v1 = o[mb][4 * (i >> 1) + 2 + (i & 1)] * scale[i];
+        if (args.num_splits == 1) {
+          uint16_t* dst = static_cast<uint16_t*>(p.out) + static_cast<int64_t>(work.t) * p.out_stride_token +
+                          static_cast<int64_t>(h) * p.out_stride_head + dim;
+          const uint32_t pair = mla_pack_bf16x2(v0, v1);
+          dst[0] = static_cast<uint16_t>(pair & 0xFFFFu);
+          dst[1] = static_cast<uint16_t>(pair >> 16);
+        } else {
+          float* dst = args.partial_out + (static_cast<int64_t>(work.split) * rows + out_row) * kHeadDimV + dim;
+          *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
+        }
+      }
+    }
+  }
+#endif  // MLA_SM90A_DEVICE
+}
+
+}  // namespace narrow_fp8
+}  // namespace sm90
+}  // namespace cuda
+}  // namespace mla_decode
