@@ -57,7 +57,8 @@
 //   mbarriers.
 //
 // Synchronisation (mbarriers; named barriers within wg 0, and one of all
-// 384 threads before the value warpgroups' epilogue):
+// 384 threads before the value warpgroups' epilogue; an arrival by lane 0
+// of a warp comes after a __syncwarp, so it orders the whole warp's reads):
 //   code_full[s]   TMA bytes + the issuing thread's arrival.
 //   code_empty[s]  the 4 scorer warps (QK of the tile done) and the 8 value
 //                  warps (their ldmatrix reads done): 12 arrivals; then wg 1's
@@ -370,7 +371,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
-    bar_arrive(kBarEpilogue, kThreads);
+    bar_sync(kBarEpilogue, kThreads);  // (a sync, not an arrive: compute-sanitizer's racecheck models it)
   } else {
     // ========================== value warpgroups =============================
     const int vt = tid - 128;
@@ -468,6 +469,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // so the next tile's conversion could not overlap this PV anyway.)
       wgmma_wait<0>();
       pin(o);
+      __syncwarp();  // the warp's reads of the flag and factors come before the arrival
       if (lane == 0) mbar_arrive(mbar(Smem::kBarPEmpty + buf));
     }
 
