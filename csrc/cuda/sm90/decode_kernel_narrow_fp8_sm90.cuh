@@ -56,16 +56,16 @@
 //   heads' output factors [16] (1 / l, the cache scale), Q's per-head scale,
 //   mbarriers.
 //
-// Synchronisation (mbarriers; named barriers within wg 0, and one of all
-// 384 threads before the value warpgroups' epilogue; an arrival by lane 0
-// of a warp comes after a __syncwarp, so it orders the whole warp's reads):
+// Synchronisation (mbarriers; named barriers within wg 0; __syncthreads
+// before the value warpgroups' epilogue; an arrival by lane 0 of a warp
+// comes after a __syncwarp, so it orders the whole warp's reads):
 //   code_full[s]   TMA bytes + the issuing thread's arrival.
 //   code_empty[s]  the 4 scorer warps (QK of the tile done) and the 8 value
 //                  warps (their ldmatrix reads done): 12 arrivals; then wg 1's
 //                  thread 0 refills the stage with tile t + kCodeStages.
 //   p_full[b]      the 128 scorer threads (P^T, flag and factors of tile t
 //                  stored and fenced).
-//   p_empty[b]     the 8 value warps (PV of tile t complete): the scorer
+//   p_empty[b]     the 256 value threads (PV of tile t complete): the scorer
 //                  waits before it writes tile t + 2 into buffer b.
 #pragma once
 
@@ -93,7 +93,6 @@ constexpr int kCodeBlockBytes = kTileTokens * 128;               // 8192: 64 key
 constexpr int kCodeBlocks = 5;                                   // codes 0..639 (576.. zero-filled)
 constexpr int kCodeStageBytes = kCodeBlocks * kCodeBlockBytes;   // 40960: one TMA transaction
 constexpr int kCodeStages = 4;
-constexpr int kPBufs = 2;
 constexpr int kValueBlocks = kHeadDimV / 2 / 64;                 // 4 M blocks of 64 dims per value warpgroup
 constexpr int kPvSteps = kTileTokens / 16;                       // 4 k-steps of 16 keys
 
@@ -101,16 +100,17 @@ enum NamedBarrier : int {
   kBarQ = 1,         // wg 0: Q's terms stored
   kBarMax = 2,       // wg 0: the rescale vote; the per-warp maxima exchanged
   kBarSum = 3,       // wg 0: the per-warp sums exchanged (epilogue)
-  kBarEpilogue = 4,  // all: the heads' output factors stored (value warpgroups' epilogue)
 };
 
+template <int kPBufs>
 struct Smem {
   static constexpr int kQt = 0;
   static constexpr int kCodes = kQt + kCodeBlocks * kQtBlockBytes;
   static constexpr int kPt = kCodes + kCodeStages * kCodeStageBytes;
   static constexpr int kAlpha = kPt + kPBufs * kQBlockBytes;   // [kPBufs][16] fp32: rescale factors
   static constexpr int kRescale = kAlpha + kPBufs * kRows * 4;  // [kPBufs] u32: rescale flag
-  static constexpr int kMaxX = kRescale + 4 * kPBufs;           // [2 tiles][4 warps][16] fp32
+  static_assert(kPBufs >= 2 && kPBufs <= 4, "the flags take one 16-byte word");
+  static constexpr int kMaxX = kRescale + 16;                   // [2 tiles][4 warps][16] fp32
   static constexpr int kSumX = kMaxX + 2 * 4 * kRows * 4;       // [4 warps][16] fp32
   static constexpr int kOutScale = kSumX + 4 * kRows * 4;       // [16] fp32: 1 / l times the cache scale
   static constexpr int kQScale = kOutScale + kRows * 4;         // [16] fp32: Q's per-head 2^-e
@@ -122,9 +122,9 @@ struct Smem {
   static constexpr int kBarCount = 2 * kCodeStages + 2 * kPBufs;
   static constexpr int kTotal = kBars + kBarCount * 8;
 };
-static_assert(Smem::kCodes % 1024 == 0 && Smem::kPt % 1024 == 0 && kQBlockBytes % 1024 == 0,
+static_assert(Smem<2>::kCodes % 1024 == 0 && Smem<2>::kPt % 1024 == 0 && kQBlockBytes % 1024 == 0,
               "swizzle atoms are 1024-byte aligned");
-static_assert(Smem::kBars % 8 == 0, "mbarrier alignment");
+static_assert(Smem<2>::kBars % 8 == 0 && Smem<3>::kBars % 8 == 0, "mbarrier alignment");
 constexpr int kCodeEmptyArrivals = 4 + 8;  // scorer warps + value warps
 
 // Tile `tile`'s codes of 8 keys x 16 dims as A fragments: r (from ldmatrix
@@ -140,10 +140,12 @@ __device__ __forceinline__ void codes_to_a_fragment(uint32_t r_lo, uint32_t r_hi
 
 // kv_map: the tensor map over the cache codes (dims {576, cache rows}, boxes
 // {128, 64}, 128-byte swizzle), as the e4m3-QK variant's.
+template <int kQkAccs, int kPBufs>
 __global__ void __launch_bounds__(kThreads, 1)
     decode_narrow_fp8_kernel(const DecodeLaunch args, const __grid_constant__ CodeTensorMap kv_map) {
 #if MLA_SM90A_DEVICE
   extern __shared__ __align__(1024) uint8_t smem[];
+  using Smem = narrow_fp8::Smem<kPBufs>;
   const MlaDecodeParams& p = args.p;
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -176,7 +178,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     for (int i = 0; i < kPBufs; ++i) {
       mbar_init(mbar(Smem::kBarPFull + i), 128);
-      mbar_init(mbar(Smem::kBarPEmpty + i), 8);
+      mbar_init(mbar(Smem::kBarPEmpty + i), 256);
     }
     fence_mbarrier_init();
   }
@@ -215,7 +217,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint64_t desc_k0 =
             opaque(smem_desc_sw128(codes_smem + stage * kCodeStageBytes, 16, kSwizzleGroupBytes));
         const uint64_t desc_q0 = opaque(smem_desc_sw128(q_smem, 16, kSwizzleGroupBytes));
-        float acc[2][16];
+        float acc[kQkAccs][16];
         auto promote = [&](float(&a)[16]) {
           pin(a);
 #pragma unroll
@@ -223,6 +225,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         };
 #pragma unroll
         for (int i = 0; i < 8; ++i) s[i] = 0.f;
+        // kQkAccs - 1 groups in flight: group grp's result is promoted once
+        // group grp + kQkAccs - 1 is issued.
 #pragma unroll
         for (int grp = 0; grp < kQkGroups; ++grp) {
           wgmma_fence();
@@ -231,17 +235,21 @@ __global__ void __launch_bounds__(kThreads, 1)
             const int ks = grp * kQkStepsPerGroup + k;  // 32 codes: column block ks / 4, bytes 32 (ks % 4)..
             const uint64_t desc_k = desc_k0 + (((ks / 4) * kCodeBlockBytes + (ks % 4) * 32) >> 4);
             const uint64_t desc_q = desc_q0 + (((ks / 4) * kQtBlockBytes + (ks % 4) * 32) >> 4);
-            if (k == 0) wgmma_m64n32k32_e4m3_ss_first(acc[grp & 1], desc_k, desc_q);
-            else wgmma_m64n32k32_e4m3_ss<true>(acc[grp & 1], desc_k, desc_q);
+            if (k == 0) wgmma_m64n32k32_e4m3_ss_first(acc[grp % kQkAccs], desc_k, desc_q);
+            else wgmma_m64n32k32_e4m3_ss<true>(acc[grp % kQkAccs], desc_k, desc_q);
           }
           wgmma_commit();
-          if (grp >= 1) {
-            wgmma_wait<1>();  // group grp-1 is complete
-            promote(acc[(grp - 1) & 1]);
+          if (grp >= kQkAccs - 1) {
+            wgmma_wait<kQkAccs - 1>();  // group grp - (kQkAccs - 1) is complete
+            promote(acc[(grp - (kQkAccs - 1)) % kQkAccs]);
           }
         }
-        wgmma_wait<0>();
-        promote(acc[(kQkGroups - 1) & 1]);
+        // The last kQkAccs - 1 groups.
+#pragma unroll
+        for (int grp = kQkGroups - (kQkAccs - 1); grp < kQkGroups; ++grp) {
+          wgmma_wait_dynamic(kQkGroups - 1 - grp);
+          promote(acc[grp % kQkAccs]);
+        }
         if (lane == 0) mbar_arrive(mbar(Smem::kBarCodeEmpty + stage));  // this warp's QK reads are done
       }
 
@@ -371,7 +379,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
-    bar_sync(kBarEpilogue, kThreads);  // (a sync, not an arrive: compute-sanitizer's racecheck models it)
+    __syncthreads();  // the factors stored (the value warpgroups wait here too)
   } else {
     // ========================== value warpgroups =============================
     const int vt = tid - 128;
@@ -469,12 +477,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       // so the next tile's conversion could not overlap this PV anyway.)
       wgmma_wait<0>();
       pin(o);
-      __syncwarp();  // the warp's reads of the flag and factors come before the arrival
-      if (lane == 0) mbar_arrive(mbar(Smem::kBarPEmpty + buf));
+      mbar_arrive(mbar(Smem::kBarPEmpty + buf));  // every value thread (its reads of the flag and factors)
     }
 
     // ---- epilogue: O^T times the heads' factors ------------------------------
-    bar_sync(kBarEpilogue, kThreads);
+    __syncthreads();  // the scorer has stored them
     float scale[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) scale[i] = out_scale_x[8 * (i >> 1) + 2 * c + (i & 1)];

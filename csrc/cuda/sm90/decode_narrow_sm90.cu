@@ -128,12 +128,32 @@ cudaError_t launch_narrow_variant(const DecodeLaunch& args, const sm90::CodeTens
                                   sm90::narrow::kThreads, kSmem, configured_devices, stream, args, map);
 }
 
-cudaError_t launch_narrow_register_v(const DecodeLaunch& args, const sm90::CodeTensorMap& map, cudaStream_t stream) {
-  constexpr int kSmem = sm90::narrow_fp8::Smem::kTotal;
+template <int kQkAccs, int kPBufs>
+cudaError_t launch_register_v_variant(const DecodeLaunch& args, const sm90::CodeTensorMap& map,
+                                      cudaStream_t stream) {
+  constexpr int kSmem = sm90::narrow_fp8::Smem<kPBufs>::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
   static unsigned long long configured_devices = 0;
-  return launch_with_dynamic_smem(sm90::narrow_fp8::decode_narrow_fp8_kernel, split_grid(args),
+  return launch_with_dynamic_smem(sm90::narrow_fp8::decode_narrow_fp8_kernel<kQkAccs, kPBufs>, split_grid(args),
                                   sm90::narrow_fp8::kThreads, kSmem, configured_devices, stream, args, map);
+}
+
+// EXPERIMENT (session 15): MLA_DECODE_EXP picks the QK accumulators in flight and the P buffers.
+int register_v_experiment() {
+  static const int v = [] {
+    const char* e = std::getenv("MLA_DECODE_EXP");
+    return e == nullptr ? 0 : std::atoi(e);
+  }();
+  return v;
+}
+
+cudaError_t launch_narrow_register_v(const DecodeLaunch& args, const sm90::CodeTensorMap& map, cudaStream_t stream) {
+  switch (register_v_experiment()) {
+    case 1: return launch_register_v_variant<4, 2>(args, map, stream);
+    case 2: return launch_register_v_variant<4, 3>(args, map, stream);
+    case 3: return launch_register_v_variant<3, 3>(args, map, stream);
+    default: return launch_register_v_variant<2, 2>(args, map, stream);
+  }
 }
 
 template <KvFormat F>
@@ -154,7 +174,7 @@ cudaError_t launch_narrow_format(const DecodeLaunch& args, cudaStream_t stream) 
 
 // The larger of the variants' layouts, so that a plan that fits fits either.
 int narrow_smem_bytes() {
-  return std::max({sm90::narrow::Smem::kTotal, sm90::narrow::SmemE4m3::kTotal, sm90::narrow_fp8::Smem::kTotal});
+  return std::max({sm90::narrow::Smem::kTotal, sm90::narrow::SmemE4m3::kTotal, sm90::narrow_fp8::Smem<3>::kTotal});
 }
 
 int narrow_tile_tokens() { return sm90::narrow::kTileTokens; }

@@ -67,6 +67,21 @@ __device__ __forceinline__ void wgmma_wait() {
 #endif
 }
 
+// wgmma_wait<n> for an n known at compile time after unrolling (a loop
+// index): the switch folds away.
+__device__ __forceinline__ void wgmma_wait_dynamic(int n) {
+  switch (n) {
+    case 0: wgmma_wait<0>(); break;
+    case 1: wgmma_wait<1>(); break;
+    case 2: wgmma_wait<2>(); break;
+    case 3: wgmma_wait<3>(); break;
+    case 4: wgmma_wait<4>(); break;
+    case 5: wgmma_wait<5>(); break;
+    case 6: wgmma_wait<6>(); break;
+    default: wgmma_wait<7>(); break;
+  }
+}
+
 // Precision note: the e4m3 tensor cores add into the fp32 accumulator with
 // only ~14 significant bits (the DeepSeek-V3 report measured this on H800;
 // the same holds here, docs/kernel-design.md), so every chained wgmma adds a
