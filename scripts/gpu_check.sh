@@ -23,8 +23,8 @@
 #             (MLA_DECODE_*_KERNEL=wide), with the narrow kernel forced for
 #             fp8 / MXFP4 at H < 64, and for the fp8 cases on the opt-in
 #             Hopper kernel (MLA_DECODE_FP8_KERNEL=wgmma); the narrow pass with
-#             the f16 QK (MLA_DECODE_NARROW_QK=f16), then fp8 on the narrow
-#             kernel's default e4m3-QK variant
+#             the f16 QK (MLA_DECODE_NARROW_QK=f16), then fp8 on the default
+#             register-V kernel (decode_kernel_narrow_fp8_sm90.cuh)
 # GIT_COMMIT=<sha> labels the logs and the benchmark's output; pass it on the
 # lent device, whose copy of .git can be stale (else: git rev-parse HEAD).
 # Narrowing (for a second pass over one kernel in the same call):
@@ -111,11 +111,11 @@ for step in $steps; do
           python3 scripts/sanitize_cases.py fp8 > "$OUT/sanitize_${tool}_wgmma.log" 2>&1
         r=$?; [ $r -ne 0 ] && rc=1
         echo "compute-sanitizer $tool (fp8, wgmma kernel): rc=$r $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_${tool}_wgmma.log" | tail -1)"
-        # The narrow kernel's e4m3-QK variant (fp8, indptr layout: TMA-landed codes).
+        # The register-V narrow kernel (fp8, indptr layout: TMA-landed codes, e4m3 QK).
         MLA_DECODE_FP8_KERNEL=narrow timeout "$SANITIZE_S" compute-sanitizer --tool $tool \
           --error-exitcode 9 python3 scripts/sanitize_cases.py fp8 > "$OUT/sanitize_${tool}_e4m3qk.log" 2>&1
         r=$?; [ $r -ne 0 ] && rc=1
-        echo "compute-sanitizer $tool (fp8, narrow e4m3 QK): rc=$r $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_${tool}_e4m3qk.log" | tail -1)"
+        echo "compute-sanitizer $tool (fp8, narrow register-V): rc=$r $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_${tool}_e4m3qk.log" | tail -1)"
       done ;;
     patchab)
       patch_abs=$PWD/${AB_PATCH:?patchab needs AB_PATCH=path of a patch}

@@ -13,7 +13,13 @@
 // kept a format off a Hopper kernel, that format's differences are the
 // harness's, not the plan's: session 11's fp8 narrow opt-in, for one.)
 #include "cuda/decode_launch.cu"
+#if __has_include("cuda/sm90/decode_kernel_narrow_fp8_sm90.cuh")  // session 15 on: the register-V kernel
+#define PLAN_HAS_REGISTER_V 1
+#include "cuda/sm90/decode_kernel_narrow_fp8_sm90.cuh"
+#else
+#define PLAN_HAS_REGISTER_V 0
 #include "cuda/sm90/decode_kernel_narrow_sm90.cuh"
+#endif
 #include "cuda/sm90/decode_kernel_wide_sm90.cuh"
 
 #include <cstdio>
@@ -33,9 +39,12 @@ bool wide_kernel_applies(const MlaDecodeParams& p, int smem_per_block_optin) {
 }
 bool wide_kernel_forced(KvFormat) { return false; }
 cudaError_t launch_wide(const DecodeLaunch&, cudaStream_t) { return cudaErrorNotSupported; }
-// As decode_narrow_sm90.cu: the larger of the f16 and e4m3-QK layouts (trees
-// from session 14 on, which define MLA_NARROW_HAS_TMA); earlier trees had one.
-#if defined(MLA_NARROW_HAS_TMA) && MLA_NARROW_HAS_TMA
+// As decode_narrow_sm90.cu: the larger of the narrow kernel's layout and the
+// register-V kernel's (session 15 on) or the e4m3-QK variant's (session 14,
+// which defines MLA_NARROW_HAS_TMA in the narrow header); earlier trees had one.
+#if PLAN_HAS_REGISTER_V
+int narrow_smem_bytes() { return std::max(sm90::narrow::Smem::kTotal, sm90::narrow_fp8::Smem::kTotal); }
+#elif defined(MLA_NARROW_HAS_TMA) && MLA_NARROW_HAS_TMA
 int narrow_smem_bytes() { return std::max(sm90::narrow::Smem::kTotal, sm90::narrow::SmemE4m3::kTotal); }
 #else
 int narrow_smem_bytes() { return sm90::narrow::Smem::kTotal; }

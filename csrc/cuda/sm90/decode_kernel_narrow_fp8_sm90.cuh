@@ -1,9 +1,10 @@
 // Split-KV MLA decode for an OCP fp8 cache (indptr layout) on Hopper (sm_90a)
 // with few heads (H < 64, head groups of 16): the narrow kernel's fp8 form
-// with V in registers ("register-V"). It takes the calls that the narrow
-// kernel's e4m3-QK variant took (decode_narrow_sm90.cu says which).
+// with V in registers ("register-V"): the default for OCP fp8 with the
+// indptr layout where the narrow kernel applies (decode_narrow_sm90.cu).
 //
-// Why (session 15, docs/kernel-design.md): the e4m3-QK variant stores each
+// Why (session 15, docs/kernel-design.md): session 14's e4m3-QK variant of
+// the narrow kernel (which this kernel replaced) stored each
 // tile's V decoded to f16 in shared memory (64 KB written, 64 KB read by PV,
 // 32 KB of codes read to decode it) besides the codes' TMA write (40 KB) and
 // QK's reads (36 KB + Q): ~260 KB per 64-key tile, ~2000 cycles of the 128
@@ -15,8 +16,7 @@
 //
 //   S^T (64 keys x 16 heads) = K Q^T: 18 x wgmma m64n32k32 e4m3, A = the
 //       codes (TMA, K-major), B = Q as two e4m3 terms (hi | mid) along N,
-//       each k-step added to the scores in fp32 (as the e4m3-QK variant,
-//       decode_kernel_narrow_sm90.cuh, whose Q layout and QK this reuses).
+//       each k-step added to the scores in fp32 (session 14's QK).
 //   O^T (dims x 16 heads) += V^T P^T: per value warpgroup 4 M blocks of 64
 //       dims x 4 k-steps of wgmma m64n16k16 f16 with A in registers, B = P^T
 //       (f16, shared).
@@ -56,9 +56,9 @@
 //   heads' output factors [16] (1 / l, the cache scale), Q's per-head scale,
 //   mbarriers.
 //
-// Synchronisation (mbarriers; named barriers within wg 0; __syncthreads
-// before the value warpgroups' epilogue; an arrival by lane 0 of a warp
-// comes after a __syncwarp, so it orders the whole warp's reads):
+// Synchronisation (mbarriers; named barriers only within wg 0; an arrival
+// by lane 0 of a warp comes after a __syncwarp, so it orders the whole
+// warp's reads):
 //   code_full[s]   TMA bytes + the issuing thread's arrival.
 //   code_empty[s]  the 4 scorer warps (QK of the tile done) and the 8 value
 //                  warps (their ldmatrix reads done): 12 arrivals; then wg 1's
@@ -67,7 +67,37 @@
 //                  stored and fenced).
 //   p_empty[b]     the 256 value threads (PV of tile t complete): the scorer
 //                  waits before it writes tile t + 2 into buffer b.
+//   epilogue       the 128 scorer threads (the heads' output factors stored;
+//                  compute-sanitizer's racecheck did not accept a named
+//                  barrier or __syncthreads across the two roles here).
 #pragma once
+
+#include <cuda.h>
+
+// TMA tensor maps exist from CUDA 12.0; older toolkits compile this kernel
+// with an opaque stand-in for the kernel parameter, and the launcher never
+// selects it there (the narrow kernel's f16 QK takes its calls).
+#if defined(CUDA_VERSION) && CUDA_VERSION >= 12000
+#define MLA_NARROW_HAS_TMA 1
+namespace mla_decode {
+namespace cuda {
+namespace sm90 {
+using CodeTensorMap = CUtensorMap;
+}  // namespace sm90
+}  // namespace cuda
+}  // namespace mla_decode
+#else
+#define MLA_NARROW_HAS_TMA 0
+namespace mla_decode {
+namespace cuda {
+namespace sm90 {
+struct alignas(64) CodeTensorMap {
+  unsigned long long opaque[16];
+};
+}  // namespace sm90
+}  // namespace cuda
+}  // namespace mla_decode
+#endif
 
 #include "decode_kernel_narrow_sm90.cuh"
 
@@ -79,10 +109,6 @@ namespace narrow_fp8 {
 using narrow::kColBlocks;
 using narrow::kLazyLog2;
 using narrow::kQBlockBytes;
-using narrow::kQkGroups;
-using narrow::kQkStepsPerGroup;
-using narrow::kQMidScale;
-using narrow::kQtBlockBytes;
 using narrow::kRows;
 using narrow::kSwizzleGroupBytes;
 using narrow::kTileTokens;
@@ -95,6 +121,24 @@ constexpr int kCodeStageBytes = kCodeBlocks * kCodeBlockBytes;   // 40960: one T
 constexpr int kCodeStages = 4;
 constexpr int kValueBlocks = kHeadDimV / 2 / 64;                 // 4 M blocks of 64 dims per value warpgroup
 constexpr int kPvSteps = kTileTokens / 16;                       // 4 k-steps of 16 keys
+constexpr int kQtBlockBytes = 2 * kRows * 128;                   // 4096: a column block of Q's two terms
+// QK accumulation groups in flight (1 promoted while the rest run; 4 measured
+// the same as 2, session 15 run 4) and P^T buffers (3 the same as 2).
+constexpr int kQkAccs = 2;
+constexpr int kPBufs = 2;
+// k-steps (of 18) per tensor-core accumulation group of the e4m3 QK, and the
+// scale of Q's mid term (measured with session 14's e4m3-QK variant of the
+// narrow kernel, whose QK this is). One: each k-step's 32-code product is added to the
+// scores in fp32. Measured (session 14, run114, fp8 H = 16, logits of
+// standard deviation 1 / 4 / 8, largest LSE 9 / 16 / 32): LSE error 7.6e-5 /
+// 5.5e-4 / 1.3e-3 with 1, 1.2e-4 / 8.2e-4 / 2.1e-3 with 2 (over the tests'
+// 2e-3), the mma.sync kernel's f16 QK 1e-6 / 1.5e-6 / 4.5e-6: the error
+// grows with the logits' magnitude (~4e-5 of the largest). Two were 6%
+// faster at b256/kv8192 (358 against 379 us).
+constexpr int kQkStepsPerGroup = 1;
+constexpr int kQkGroups = kHeadDimQK / 32 / kQkStepsPerGroup;  // 18
+static_assert(kQkGroups * kQkStepsPerGroup * 32 == kHeadDimQK, "whole groups");
+constexpr float kQMidScale = 16.f;
 
 enum NamedBarrier : int {
   kBarQ = 1,         // wg 0: Q's terms stored
@@ -102,7 +146,6 @@ enum NamedBarrier : int {
   kBarSum = 3,       // wg 0: the per-warp sums exchanged (epilogue)
 };
 
-template <int kPBufs>
 struct Smem {
   static constexpr int kQt = 0;
   static constexpr int kCodes = kQt + kCodeBlocks * kQtBlockBytes;
@@ -119,13 +162,67 @@ struct Smem {
   static constexpr int kBarCodeEmpty = kCodeStages;       // + stage
   static constexpr int kBarPFull = 2 * kCodeStages;       // + buffer
   static constexpr int kBarPEmpty = 2 * kCodeStages + kPBufs;  // + buffer
-  static constexpr int kBarCount = 2 * kCodeStages + 2 * kPBufs;
+  static constexpr int kBarEpilogue = 2 * kCodeStages + 2 * kPBufs;
+  static constexpr int kBarCount = 2 * kCodeStages + 2 * kPBufs + 1;
   static constexpr int kTotal = kBars + kBarCount * 8;
 };
-static_assert(Smem<2>::kCodes % 1024 == 0 && Smem<2>::kPt % 1024 == 0 && kQBlockBytes % 1024 == 0,
+static_assert(Smem::kCodes % 1024 == 0 && Smem::kPt % 1024 == 0 && kQBlockBytes % 1024 == 0,
               "swizzle atoms are 1024-byte aligned");
-static_assert(Smem<2>::kBars % 8 == 0 && Smem<3>::kBars % 8 == 0, "mbarrier alignment");
+static_assert(Smem::kBars % 8 == 0, "mbarrier alignment");
 constexpr int kCodeEmptyArrivals = 4 + 8;  // scorer warps + value warps
+
+// Q of this CTA's 16 heads as two e4m3 terms for the e4m3 QK: hi = e4m3(x), mid =
+// e4m3(16 (x - hi)), x = q 2^e per head (q_scale[head] = 2^-e), stored as
+// 5 column blocks of 32 rows (the hi terms of heads 0..15, then the mid
+// terms) x 128 codes, 128-byte swizzled (B of QK: K-major). Called by the
+// 128 threads of one warpgroup (tid 0..127); the caller fences and syncs.
+__device__ __forceinline__ void store_q_e4m3_terms(const MlaDecodeParams& p, const WorkItem& work, int tid,
+                                                   uint32_t q_smem, float* q_scale) {
+  // Thread tid handles head tid / 8,
+  // 8-element chunks j = tid % 8 + 8m (m = 0..8), loaded straight from
+  // global memory; heads past H (and every head of an orphan token) zero.
+  // The head's 8 threads (lanes 8k..8k+7) share its maximum; inf becomes
+  // NaN (e4m3 has no infinity; satfinite would clamp it to 448).
+  const int row = tid >> 3, c8 = tid & 7;
+  const int head = work.h0 + row;
+  const bool valid = !work.orphan && head < p.num_heads;
+  const uint4* src = reinterpret_cast<const uint4*>(
+      static_cast<const uint16_t*>(p.q) + static_cast<int64_t>(work.t) * p.q_stride_token +
+      static_cast<int64_t>(valid ? head : 0) * p.q_stride_head);
+  uint4 qv[kColBlocks];
+  uint32_t amax = 0;
+#pragma unroll
+  for (int m = 0; m < kColBlocks; ++m) {
+    qv[m] = valid ? __ldg(src + c8 + 8 * m) : make_uint4(0, 0, 0, 0);
+    amax = bf16x8_finite_abs_max(qv[m], amax);
+  }
+  const float factor = q_row_pow2_scale<8, 134>(amax, row, c8, q_scale);  // max |q| 2^e in [2^7, 2^8)
+#pragma unroll
+  for (int m = 0; m < kColBlocks; ++m) {
+    const uint32_t w[4] = {qv[m].x, qv[m].y, qv[m].z, qv[m].w};
+    uint32_t hi[2] = {0, 0}, mid[2] = {0, 0};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float x0 = __uint_as_float(w[i] << 16) * factor, x1 = __uint_as_float(w[i] & 0xFFFF0000u) * factor;
+      x0 = isinf(x0) ? CUDART_NAN_F : x0;
+      x1 = isinf(x1) ? CUDART_NAN_F : x1;
+      const uint32_t h2 = f32x2_to_e4m3x2(x0, x1);
+      const uint32_t back_bits = e4m3x2_to_f16x2<0>(h2);  // hi as f16 (exact)
+      const __half2 back = *reinterpret_cast<const __half2*>(&back_bits);
+      const uint32_t m2 = f32x2_to_e4m3x2((x0 - __low2float(back)) * kQMidScale,
+                                          (x1 - __high2float(back)) * kQMidScale);
+      hi[i >> 1] |= h2 << (16 * (i & 1));
+      mid[i >> 1] |= m2 << (16 * (i & 1));
+    }
+    // Chunk j = c8 + 8m: dims 8j..8j+7, bytes 8 (j % 16).. of column block j / 16.
+    const int j = c8 + 8 * m;
+    const uint32_t blk = q_smem + (j >> 4) * kQtBlockBytes + 8 * (j & 1);
+    const uint32_t a_hi = blk + row * 128 + ((((j & 15) >> 1) ^ (row & 7)) << 4);
+    const uint32_t a_mid = blk + (kRows + row) * 128 + ((((j & 15) >> 1) ^ ((kRows + row) & 7)) << 4);
+    asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(a_hi), "r"(hi[0]), "r"(hi[1]) : "memory");
+    asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(a_mid), "r"(mid[0]), "r"(mid[1]) : "memory");
+  }
+}
 
 // Tile `tile`'s codes of 8 keys x 16 dims as A fragments: r (from ldmatrix
 // .trans, see the top) -> a0 / a1 (A rows g / g + 8, keys 2c, 2c + 1) from
@@ -139,13 +236,11 @@ __device__ __forceinline__ void codes_to_a_fragment(uint32_t r_lo, uint32_t r_hi
 }
 
 // kv_map: the tensor map over the cache codes (dims {576, cache rows}, boxes
-// {128, 64}, 128-byte swizzle), as the e4m3-QK variant's.
-template <int kQkAccs, int kPBufs>
+// {128, 64}, 128-byte swizzle; decode_narrow_sm90.cu encodes it per call).
 __global__ void __launch_bounds__(kThreads, 1)
     decode_narrow_fp8_kernel(const DecodeLaunch args, const __grid_constant__ CodeTensorMap kv_map) {
 #if MLA_SM90A_DEVICE
   extern __shared__ __align__(1024) uint8_t smem[];
-  using Smem = narrow_fp8::Smem<kPBufs>;
   const MlaDecodeParams& p = args.p;
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -180,6 +275,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(mbar(Smem::kBarPFull + i), 128);
       mbar_init(mbar(Smem::kBarPEmpty + i), 256);
     }
+    mbar_init(mbar(Smem::kBarEpilogue), 128);
     fence_mbarrier_init();
   }
   // The cache rows: kv_indptr[b] + j (indptr layout only).
@@ -189,7 +285,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == 0) {
     // ============================== scorer ===================================
-    narrow::store_q_e4m3_terms(p, work, tid, q_smem, q_scale);
+    store_q_e4m3_terms(p, work, tid, q_smem, q_scale);
     fence_proxy_async_shared();
     bar_sync(kBarQ, 128);
 
@@ -379,7 +475,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
-    __syncthreads();  // the factors stored (the value warpgroups wait here too)
+    mbar_arrive(mbar(Smem::kBarEpilogue));  // the factors stored
   } else {
     // ========================== value warpgroups =============================
     const int vt = tid - 128;
@@ -481,7 +577,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 
     // ---- epilogue: O^T times the heads' factors ------------------------------
-    __syncthreads();  // the scorer has stored them
+    mbar_wait(mbar(Smem::kBarEpilogue), 0);  // the scorer has stored them
     float scale[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) scale[i] = out_scale_x[8 * (i >> 1) + 2 * c + (i & 1)];

@@ -1,7 +1,9 @@
 // Split-KV MLA decode for an OCP fp8 or MXFP4 cache on Hopper (sm_90a) with
 // few heads (H < 64, head groups of 16): the "narrow" kernel. The default for
 // MXFP4 from 16k query tokens x keys, for fp8 on long sequences only
-// (narrow_kernel_pays_off in decode_launch.cu; docs/performance.md).
+// (narrow_kernel_pays_off in decode_launch.cu; docs/performance.md). OCP fp8
+// with the indptr layout takes its register-V form instead
+// (decode_kernel_narrow_fp8_sm90.cuh) unless MLA_DECODE_NARROW_QK=f16.
 //
 // At H = 16 a wgmma with the heads as M (64 rows) would waste 3/4 of every
 // instruction, so the keys are M and the heads N:
@@ -46,60 +48,7 @@
 //   empty[slot]  the consumer arrives once tile t's PV is complete; the
 //                producers wait before storing tile t+2 into the slot.
 //
-// The e4m3-QK variant (kE4m3Qk; OCP fp8 with the indptr layout, the default
-// there; MLA_DECODE_NARROW_QK=f16 opts out; docs/kernel-design.md): the
-// L1 data pipe bounds the f16 variant (session 13, ncu), so this one moves
-// fewer bytes through it per key.
-//   - The codes of a tile land by TMA (one 2-D tensor map over the cache,
-//     boxes of 64 keys x 128 bytes, 128-byte swizzle; dims 576..639 and rows
-//     past the cache zero-filled) in a ring of 3 code stages, issued by the
-//     consumer's thread 0 three tiles ahead; no load passes through the pipe.
-//   - QK reads the codes directly: 18 x wgmma m64n32k32 e4m3 with B = Q as
-//     two e4m3 terms side by side along N (hi = e4m3(x), mid = e4m3(16 (x -
-//     hi)), x = q 2^e per head: exact for bf16 down to 2^-6 of the scaled
-//     range). The e4m3 tensor cores accumulate with ~14 significant bits
-//     (scripts/tma_qk_probe.py, run105: 1e-3 of max |S| over 18 chained
-//     k-steps), so each k-step (kQkStepsPerGroup) starts from zero and is
-//     added to the scores in fp32 (two accumulators in rotation). The LSE
-//     error is still ~4e-5 of the largest logit (the mma.sync kernel's f16
-//     QK: ~1.5e-7), i.e. within the tests' 2e-3 up to logits of ~45;
-//     MLA_DECODE_NARROW_QK=f16 where more is needed.
-//   - The producers decode V (dims 0..511) from the code stage into one f16
-//     stage for PV, as the f16 variant stores its whole tile; keys past the
-//     split become zeros there (their codes may be another item's, or NaN).
-//   Shared memory: SmemE4m3 below, 211.8 KB.
-//   Barriers: code_full[slot] (TMA bytes + thread 0's arrival), v_full (the
-//   producers stored V of tile t), v_empty (PV of tile t is complete). A
-//   code slot is refilled (tile t + 3) once the consumer has waited on
-//   v_full of tile t: by then QK(t) and the producers' reads of it are done.
 #pragma once
-
-#include <cuda.h>
-
-// TMA tensor maps exist from CUDA 12.0; older toolkits build the f16
-// variants only (the launcher never selects the e4m3 one), with an opaque
-// stand-in for the kernel parameter.
-#if defined(CUDA_VERSION) && CUDA_VERSION >= 12000
-#define MLA_NARROW_HAS_TMA 1
-namespace mla_decode {
-namespace cuda {
-namespace sm90 {
-using CodeTensorMap = CUtensorMap;
-}  // namespace sm90
-}  // namespace cuda
-}  // namespace mla_decode
-#else
-#define MLA_NARROW_HAS_TMA 0
-namespace mla_decode {
-namespace cuda {
-namespace sm90 {
-struct alignas(64) CodeTensorMap {
-  unsigned long long opaque[16];
-};
-}  // namespace sm90
-}  // namespace cuda
-}  // namespace mla_decode
-#endif
 
 #include <math_constants.h>
 
@@ -130,7 +79,6 @@ constexpr int kStages = 2;
 constexpr int kSwizzleGroupBytes = 8 * 128;             // SBO: 8 rows of 128 bytes
 constexpr int kTokensPerLoaderWarp = 32 / kLoadersPerToken;         // 8: one bad-row word each
 constexpr int kFlagWords = kTileTokens / kTokensPerLoaderWarp;      // 8 per stage
-constexpr int kQtBlockBytes = 2 * kRows * 128;          // 4096: a column block of Q's two e4m3 terms
 
 enum NamedBarrier : int {
   kBarQ = 1,    // wg 0: Q stored
@@ -158,48 +106,6 @@ struct Smem {
 static_assert(Smem::kKv % 1024 == 0 && Smem::kPt % 1024 == 0, "swizzle atoms are 1024-byte aligned");
 static_assert(Smem::kBars % 8 == 0, "mbarrier alignment");
 
-// The e4m3-QK variant's layout (all operand regions 1024-byte aligned):
-//   Q terms  5 column blocks of 32 rows (hi terms of heads 0..15, then the
-//            mid terms) x 128 codes; codes 576..639 are never read
-//   codes    3 stages of 5 column blocks of 64 keys x 128 codes (TMA boxes)
-//   V        64 keys x 512 dims f16, 8 column blocks of 64 rows (as Smem's
-//            stage, so PV reads it the same way)
-//   P^T, exchanges, mbarriers, Q scale: as Smem.
-struct SmemE4m3 {
-  static constexpr int kCodeBlockBytes = kTileTokens * 128;           // 8192
-  static constexpr int kCodeBlocks = 5;                               // codes 0..639
-  static constexpr int kCodeStageBytes = kCodeBlocks * kCodeBlockBytes;  // 40960: one TMA transaction
-  static constexpr int kCodeStages = 3;
-  static constexpr int kQt = 0;
-  static constexpr int kCodes = kQt + kCodeBlocks * kQtBlockBytes;
-  static constexpr int kV = kCodes + kCodeStages * kCodeStageBytes;
-  static constexpr int kPt = kV + (kHeadDimV / 64) * kBlockBytes;
-  static constexpr int kMaxX = kPt + kQBlockBytes;
-  static constexpr int kSumX = kMaxX + 2 * 4 * kRows * 4;
-  static constexpr int kBars = kSumX + 4 * kRows * 4;
-  static constexpr int kBarCodeFull = 0;  // + slot
-  static constexpr int kBarVFull = kCodeStages;
-  static constexpr int kBarVEmpty = kCodeStages + 1;
-  static constexpr int kBarCount = kCodeStages + 2;
-  static constexpr int kQScale = kBars + kBarCount * 8;
-  static constexpr int kTotal = kQScale + kRows * 4;
-};
-static_assert(SmemE4m3::kCodes % 1024 == 0 && SmemE4m3::kV % 1024 == 0 && SmemE4m3::kPt % 1024 == 0,
-              "swizzle atoms are 1024-byte aligned");
-static_assert(SmemE4m3::kBars % 8 == 0, "mbarrier alignment");
-// k-steps (of 18) per tensor-core accumulation group of the e4m3 QK, and the
-// scale of Q's mid term. One: each k-step's 32-code product is added to the
-// scores in fp32. Measured (session 14, run114, fp8 H = 16, logits of
-// standard deviation 1 / 4 / 8, largest LSE 9 / 16 / 32): LSE error 7.6e-5 /
-// 5.5e-4 / 1.3e-3 with 1, 1.2e-4 / 8.2e-4 / 2.1e-3 with 2 (over the tests'
-// 2e-3), the mma.sync kernel's f16 QK 1e-6 / 1.5e-6 / 4.5e-6: the error
-// grows with the logits' magnitude (~4e-5 of the largest). Two were 6%
-// faster at b256/kv8192 (358 against 379 us).
-constexpr int kQkStepsPerGroup = 1;
-constexpr int kQkGroups = kHeadDimQK / 32 / kQkStepsPerGroup;  // 9
-static_assert(kQkGroups * kQkStepsPerGroup * 32 == kHeadDimQK && kQkGroups >= 3, "whole groups; 0 alone, then two in rotation");
-constexpr float kQMidScale = 16.f;
-
 
 // A descriptor whose value the compiler must treat as unknown here, so the
 // descriptors derived from it by constant adds are computed where they are
@@ -218,10 +124,6 @@ constexpr int kConsumerRegs = 136;
 // Lazy rescaling threshold (log2 domain): P = exp2(s - m_run) <= 2^8.
 constexpr float kLazyLog2 = 8.f;
 constexpr int kProducerRegs = 184;
-// The e4m3-QK variant: the consumer also holds two QK accumulators (2 x 16);
-// the producers one tile of decoded V (64). 200 + 2 x 152 = 504 <= 512.
-constexpr int kConsumerRegsE4m3 = 200;
-constexpr int kProducerRegsE4m3 = 152;
 
 // MXFP4 decode of one 16-code chunk (8 bytes) with block scale byte E into 8
 // bf16x2 words: word i < 4 holds codes (i, i + 4) of the low 8 codes, word 4 + i
@@ -256,69 +158,11 @@ __device__ __noinline__ MxChunkBf16 mx_chunk_to_bf16_two_factors(uint2 codes, ui
 // The dim stored at position j of an 8-dim group (MXFP4; fp8 keeps dim order).
 __device__ __forceinline__ int mx_dim_of_position(int j) { return (j >> 1) + 4 * (j & 1); }
 
-// Q of this CTA's 16 heads as two e4m3 terms for the e4m3 QK (the e4m3
-// variant here and decode_kernel_narrow_fp8_sm90.cuh): hi = e4m3(x), mid =
-// e4m3(16 (x - hi)), x = q 2^e per head (q_scale[head] = 2^-e), stored as
-// 5 column blocks of 32 rows (the hi terms of heads 0..15, then the mid
-// terms) x 128 codes, 128-byte swizzled (B of QK: K-major). Called by the
-// 128 threads of one warpgroup (tid 0..127); the caller fences and syncs.
-__device__ __forceinline__ void store_q_e4m3_terms(const MlaDecodeParams& p, const WorkItem& work, int tid,
-                                                   uint32_t q_smem, float* q_scale) {
-  // Thread tid handles head tid / 8,
-  // 8-element chunks j = tid % 8 + 8m (m = 0..8), loaded straight from
-  // global memory; heads past H (and every head of an orphan token) zero.
-  // The head's 8 threads (lanes 8k..8k+7) share its maximum; inf becomes
-  // NaN (e4m3 has no infinity; satfinite would clamp it to 448).
-  const int row = tid >> 3, c8 = tid & 7;
-  const int head = work.h0 + row;
-  const bool valid = !work.orphan && head < p.num_heads;
-  const uint4* src = reinterpret_cast<const uint4*>(
-      static_cast<const uint16_t*>(p.q) + static_cast<int64_t>(work.t) * p.q_stride_token +
-      static_cast<int64_t>(valid ? head : 0) * p.q_stride_head);
-  uint4 qv[kColBlocks];
-  uint32_t amax = 0;
-#pragma unroll
-  for (int m = 0; m < kColBlocks; ++m) {
-    qv[m] = valid ? __ldg(src + c8 + 8 * m) : make_uint4(0, 0, 0, 0);
-    amax = bf16x8_finite_abs_max(qv[m], amax);
-  }
-  const float factor = q_row_pow2_scale<8, 134>(amax, row, c8, q_scale);  // max |q| 2^e in [2^7, 2^8)
-#pragma unroll
-  for (int m = 0; m < kColBlocks; ++m) {
-    const uint32_t w[4] = {qv[m].x, qv[m].y, qv[m].z, qv[m].w};
-    uint32_t hi[2] = {0, 0}, mid[2] = {0, 0};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float x0 = __uint_as_float(w[i] << 16) * factor, x1 = __uint_as_float(w[i] & 0xFFFF0000u) * factor;
-      x0 = isinf(x0) ? CUDART_NAN_F : x0;
-      x1 = isinf(x1) ? CUDART_NAN_F : x1;
-      const uint32_t h2 = f32x2_to_e4m3x2(x0, x1);
-      const uint32_t back_bits = e4m3x2_to_f16x2<0>(h2);  // hi as f16 (exact)
-      const __half2 back = *reinterpret_cast<const __half2*>(&back_bits);
-      const uint32_t m2 = f32x2_to_e4m3x2((x0 - __low2float(back)) * kQMidScale,
-                                          (x1 - __high2float(back)) * kQMidScale);
-      hi[i >> 1] |= h2 << (16 * (i & 1));
-      mid[i >> 1] |= m2 << (16 * (i & 1));
-    }
-    // Chunk j = c8 + 8m: dims 8j..8j+7, bytes 8 (j % 16).. of column block j / 16.
-    const int j = c8 + 8 * m;
-    const uint32_t blk = q_smem + (j >> 4) * kQtBlockBytes + 8 * (j & 1);
-    const uint32_t a_hi = blk + row * 128 + ((((j & 15) >> 1) ^ (row & 7)) << 4);
-    const uint32_t a_mid = blk + (kRows + row) * 128 + ((((j & 15) >> 1) ^ ((kRows + row) & 7)) << 4);
-    asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(a_hi), "r"(hi[0]), "r"(hi[1]) : "memory");
-    asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(a_mid), "r"(mid[0]), "r"(mid[1]) : "memory");
-  }
-}
-
-// kv_map: the e4m3-QK variant's tensor map over the cache codes (dims {576,
-// cache rows}, boxes {128, 64}, 128-byte swizzle); unused by the others.
-template <KvFormat F, bool kE4m3Qk>
-__global__ void __launch_bounds__(kThreads, 1)
-    decode_narrow_kernel(const DecodeLaunch args, const __grid_constant__ CodeTensorMap kv_map) {
+template <KvFormat F>
+__global__ void __launch_bounds__(kThreads, 1) decode_narrow_kernel(const DecodeLaunch args) {
   constexpr bool kFp8 = F == KvFormat::kFp8E4M3FN;  // f16 operands; MXFP4: bf16
   constexpr bool kMx = F == KvFormat::kMxfp4;
   static_assert(kFp8 || kMx, "OCP fp8 or MXFP4");
-  static_assert(kFp8 || !kE4m3Qk, "the e4m3 QK reads OCP fp8 codes");
 #if MLA_SM90A_DEVICE
   extern __shared__ __align__(1024) uint8_t smem[];
   const MlaDecodeParams& p = args.p;
@@ -330,70 +174,36 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int c = lane & 3;
 
   const uint32_t smem_base = smem_u32(smem);
-  const uint32_t q_smem = smem_base + Smem::kQ;  // f16 variants: Q; e4m3: its two terms
-  const uint32_t kv_smem = smem_base + (kE4m3Qk ? SmemE4m3::kV : Smem::kKv);  // e4m3: the V stage
-  const uint32_t codes_smem = smem_base + SmemE4m3::kCodes;                   // e4m3 only
-  const uint32_t pt_smem = smem_base + (kE4m3Qk ? SmemE4m3::kPt : Smem::kPt);
-  float* max_x = reinterpret_cast<float*>(smem + (kE4m3Qk ? SmemE4m3::kMaxX : Smem::kMaxX));
-  float* sum_x = reinterpret_cast<float*>(smem + (kE4m3Qk ? SmemE4m3::kSumX : Smem::kSumX));
-  uint32_t* flags = reinterpret_cast<uint32_t*>(smem + Smem::kFlags);  // f16 variants only
-  float* q_scale = reinterpret_cast<float*>(smem + (kE4m3Qk ? SmemE4m3::kQScale : Smem::kQScale));
+  const uint32_t q_smem = smem_base + Smem::kQ;
+  const uint32_t kv_smem = smem_base + Smem::kKv;
+  const uint32_t pt_smem = smem_base + Smem::kPt;
+  float* max_x = reinterpret_cast<float*>(smem + Smem::kMaxX);
+  float* sum_x = reinterpret_cast<float*>(smem + Smem::kSumX);
+  uint32_t* flags = reinterpret_cast<uint32_t*>(smem + Smem::kFlags);
+  float* q_scale = reinterpret_cast<float*>(smem + Smem::kQScale);
 
   const WorkItem work = locate_work<kTileTokens, kRows>(args);
   const int kv_begin = work.kv_begin, kv_end = work.kv_end;
   const int n_tiles = ceil_div(kv_end - kv_begin, kTileTokens);
   const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
-  const uint32_t bars = smem_base + (kE4m3Qk ? SmemE4m3::kBars : Smem::kBars);
+  const uint32_t bars = smem_base + Smem::kBars;
   auto mbar = [&](int i) { return bars + 8 * i; };
   if (tid == 0) {
-    if constexpr (kE4m3Qk) {
-      for (int i = 0; i < SmemE4m3::kCodeStages; ++i) mbar_init(mbar(SmemE4m3::kBarCodeFull + i), 1);
-      mbar_init(mbar(SmemE4m3::kBarVFull), kLoaderThreads);
-      mbar_init(mbar(SmemE4m3::kBarVEmpty), 128);
-      fence_mbarrier_init();
-    } else {
-      for (int i = 0; i < kStages; ++i) {
-        mbar_init(mbar(kMbFull + i), kLoaderThreads);
-        mbar_init(mbar(kMbEmpty + i), 128);
-      }
+    for (int i = 0; i < kStages; ++i) {
+      mbar_init(mbar(kMbFull + i), kLoaderThreads);
+      mbar_init(mbar(kMbEmpty + i), 128);
     }
   }
-  // The e4m3 variant's cache rows: kv_indptr[b] + j (indptr layout only).
+  // The indptr layout's cache rows: kv_indptr[b] + j.
   const int64_t contiguous_base =
       (p.layout == KvLayout::kIndptr && !work.orphan) ? static_cast<int64_t>(__ldg(p.kv_indptr + work.b)) : 0;
   __syncthreads();
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
-  // e4m3 variant: tile `tile`'s codes into its code slot by TMA (thread 0 of
-  // the consumer): 5 boxes of 64 rows x 128 codes from row kv_indptr[b] +
-  // kv_begin + 64 tile; rows past the cache and codes 576..639 arrive as zeros.
-  auto issue_code_tile = [&](int tile) {
-    const int slot = tile % SmemE4m3::kCodeStages;
-    const uint32_t bar = mbar(SmemE4m3::kBarCodeFull + slot);
-    const uint32_t dst = codes_smem + slot * SmemE4m3::kCodeStageBytes;
-    const int y = static_cast<int>(contiguous_base + kv_begin + tile * kTileTokens);
-    mbar_arrive_expect_tx(bar, SmemE4m3::kCodeStageBytes);
-#pragma unroll
-    for (int blk = 0; blk < SmemE4m3::kCodeBlocks; ++blk) {
-      tma_load_2d(dst + blk * SmemE4m3::kCodeBlockBytes, &kv_map, 128 * blk, y, bar);
-    }
-  };
-
   if (wg == 0) {
     // ============================ consumer ===================================
-    if constexpr (kE4m3Qk) {
-      setmaxnreg_inc<kConsumerRegsE4m3>();
-      if (tid == 0) {
-        for (int tile = 0; tile < SmemE4m3::kCodeStages && tile < n_tiles; ++tile) issue_code_tile(tile);
-      }
-    } else {
-      setmaxnreg_dec<kConsumerRegs>();
-    }
-    if constexpr (kE4m3Qk) {
-      store_q_e4m3_terms(p, work, tid, q_smem, q_scale);
-      fence_proxy_async_shared();
-      bar_sync(kBarQ, 128);
-    } else {
+    setmaxnreg_dec<kConsumerRegs>();
+    {
       // Q: thread tid copies row tid / 8, chunks tid % 8 + 8m (m = 0..8), heads
       // past H (and every head of an orphan token) zero. fp8: scaled per head
       // into f16 as in the wide kernel (the head's 8 threads are lanes 8k..8k+7).
@@ -455,57 +265,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     for (int t = 0; t < n_tiles; ++t) {
       const int slot = t % kStages;
-      // f16 variants: tile t's slot of the ring; e4m3: the one V stage.
-      const uint32_t stage = kE4m3Qk ? kv_smem : kv_smem + slot * kStageBytes;
+      const uint32_t stage = kv_smem + slot * kStageBytes;
       float s[8];
-      if constexpr (kE4m3Qk) {
-        // S^T = K Q^T from the codes: groups of kQkStepsPerGroup k-steps, each
-        // accumulated by the tensor cores from zero into acc[group % 2] and
-        // added to s in fp32 (hi + mid / 16) while the next group runs.
-        // Group 0 is waited for alone (wait 0, which also retires tile t-1's
-        // PV): with the PV group still counted as pending at the first
-        // wait 1, ptxas serialises every wgmma of the kernel (C7514).
-        const int cslot = t % SmemE4m3::kCodeStages;
-        mbar_wait(mbar(SmemE4m3::kBarCodeFull + cslot), (t / SmemE4m3::kCodeStages) & 1);  // codes landed
-        const uint64_t desc_k0 =
-            opaque(smem_desc_sw128(codes_smem + cslot * SmemE4m3::kCodeStageBytes, 16, kSwizzleGroupBytes));
-        const uint64_t desc_q0 = opaque(smem_desc_sw128(q_smem, 16, kSwizzleGroupBytes));
-        float acc[2][16];
-        auto promote = [&](float(&a)[16]) {
-          pin(a);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) s[i] += fmaf(a[8 + i], 1.f / kQMidScale, a[i]);
-        };
-#pragma unroll
-        for (int i = 0; i < 8; ++i) s[i] = 0.f;
-#pragma unroll
-        for (int grp = 0; grp < kQkGroups; ++grp) {
-          wgmma_fence();
-#pragma unroll
-          for (int k = 0; k < kQkStepsPerGroup; ++k) {
-            const int ks = grp * kQkStepsPerGroup + k;  // 32 codes: column block ks / 4, bytes 32 (ks % 4)..
-            const uint64_t desc_k = desc_k0 + (((ks / 4) * SmemE4m3::kCodeBlockBytes + (ks % 4) * 32) >> 4);
-            const uint64_t desc_q = desc_q0 + (((ks / 4) * kQtBlockBytes + (ks % 4) * 32) >> 4);
-            if (k == 0) wgmma_m64n32k32_e4m3_ss_first(acc[grp & 1], desc_k, desc_q);
-            else wgmma_m64n32k32_e4m3_ss<true>(acc[grp & 1], desc_k, desc_q);
-          }
-          wgmma_commit();
-          if (grp == 0) {
-            wgmma_wait<0>();
-            if (t > 0) {
-              // Tile t-1's PV is complete: the V stage may be refilled.
-              pin(o);
-              mbar_arrive(mbar(SmemE4m3::kBarVEmpty));
-            }
-            promote(acc[0]);
-          } else if (grp >= 2) {
-            wgmma_wait<1>();  // group grp-1 is complete
-            promote(acc[(grp - 1) & 1]);
-          }
-        }
-        wgmma_wait<0>();
-        promote(acc[(kQkGroups - 1) & 1]);
-      } else {
+      {
         mbar_wait(mbar(kMbFull + slot), (t / kStages) & 1);  // tile t decoded
 
         wgmma_fence();
@@ -533,20 +295,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       // k / 8, bit 4 (k % 8), as the producers write them). Scores to the
       // log2 domain (times the head's scale).
       const int tok0 = kv_begin + t * kTileTokens;
-      const uint32_t* bad_words = flags + slot * kFlagWords;  // f16 variants
+      const uint32_t* bad_words = flags + slot * kFlagWords;
       bool over = false;  // a score above m_run + kLazyLog2 (NaN compares false)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int key = key0 + 8 * r;
         const bool past = tok0 + key >= kv_end;
-        bool is_bad;
-        if constexpr (kE4m3Qk) {
-          // A row outside the cache (its codes arrived as zeros).
-          const int64_t row = contiguous_base + tok0 + key;
-          is_bad = row < 0 || row >= p.num_cache_rows;
-        } else {
-          is_bad = (bad_words[key / kTokensPerLoaderWarp] >> (kLoadersPerToken * (key % kTokensPerLoaderWarp))) & 1u;
-        }
+        const bool is_bad =
+            (bad_words[key / kTokensPerLoaderWarp] >> (kLoadersPerToken * (key % kTokensPerLoaderWarp))) & 1u;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {  // i = 2j + e
           float v = s[4 * (i >> 1) + 2 * r + (i & 1)] * head_scale[i];
@@ -633,12 +389,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       fence_proxy_async_shared();
       bar_sync(kBarP, 128);
-      if constexpr (kE4m3Qk) {
-        mbar_wait(mbar(SmemE4m3::kBarVFull), t & 1);  // V of tile t stored
-        // QK(t) is done and so are the producers' reads of the code slot:
-        // it takes tile t + 3.
-        if (tid == 0 && t + SmemE4m3::kCodeStages < n_tiles) issue_code_tile(t + SmemE4m3::kCodeStages);
-      }
 
       wgmma_fence();
       const uint64_t desc_v0 = opaque(smem_desc_sw128(stage, kBlockBytes, kSwizzleGroupBytes));
@@ -712,55 +462,6 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
-    }
-  } else if constexpr (kE4m3Qk) {
-    // ====================== producers, e4m3 variant ==========================
-    // Thread lt decodes V of key lt / 4 of each tile, 16-code chunks lt % 4 +
-    // 4m (m = 0..7, dims 0..511; in the order below), from the code slot into
-    // registers, waits for the previous tile's PV, stores the f16 values into
-    // the V stage (where the f16 variants store theirs) and arrives on v_full.
-    // Keys past the split are stored as zeros.
-    setmaxnreg_dec<kProducerRegsE4m3>();
-    const int lt = tid - 128;
-    const int ld_token = lt / kLoadersPerToken, ld_c0 = lt % kLoadersPerToken;
-    const uint32_t st_lo = kv_smem + ld_token * 128 + (((2 * ld_c0) ^ (ld_token & 7)) << 4);
-    const uint32_t st_hi = kv_smem + ld_token * 128 + (((2 * ld_c0 + 1) ^ (ld_token & 7)) << 4);
-    // Odd keys take their two halves of each 128-code column block in the
-    // other order, so that the 8 lanes of a 16-byte access phase (keys 2p,
-    // 2p + 1) read disjoint bank groups of the swizzled stage (in the same
-    // order both would hit one half: 2-way conflicts, session 14 ncu). Step
-    // m handles chunk ld_c0 + 4 (m ^ odd): f16 column block m ^ odd.
-    const int odd = ld_token & 1;
-    const uint32_t rd_even = (((ld_c0 + 4 * odd) ^ (ld_token & 7)) << 4);
-    const uint32_t rd_odd = (((ld_c0 + 4 * (1 - odd)) ^ (ld_token & 7)) << 4);
-    const uint32_t st_lo_even = st_lo + odd * kBlockBytes, st_lo_odd = st_lo - odd * kBlockBytes;
-    const uint32_t st_hi_even = st_hi + odd * kBlockBytes, st_hi_odd = st_hi - odd * kBlockBytes;
-    for (int t = 0; t < n_tiles; ++t) {
-      const int cslot = t % SmemE4m3::kCodeStages;
-      const uint32_t src = codes_smem + cslot * SmemE4m3::kCodeStageBytes + ld_token * 128;
-      const bool past = kv_begin + t * kTileTokens + ld_token >= kv_end;
-      mbar_wait(mbar(SmemE4m3::kBarCodeFull + cslot), (t / SmemE4m3::kCodeStages) & 1);
-      uint32_t dec[kHeadDimV / 64][8];
-#pragma unroll
-      for (int m = 0; m < kHeadDimV / 64; ++m) {
-        // Chunk ld_c0 + 4 (m ^ odd): column block m / 2 of the codes.
-        uint4 v;
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "r"(src + (m >> 1) * SmemE4m3::kCodeBlockBytes + ((m & 1) ? rd_odd : rd_even)));
-        if (past) v = make_uint4(0, 0, 0, 0);
-        e4m3x8_to_f16(v.x, v.y, dec[m]);
-        e4m3x8_to_f16(v.z, v.w, dec[m] + 4);
-      }
-      if (t > 0) mbar_wait(mbar(SmemE4m3::kBarVEmpty), (t - 1) & 1);  // PV of tile t-1 is complete
-#pragma unroll
-      for (int m = 0; m < kHeadDimV / 64; ++m) {
-        // Column block m ^ odd.
-        st_shared_v4(((m & 1) ? st_lo_odd : st_lo_even) + m * kBlockBytes, dec[m]);
-        st_shared_v4(((m & 1) ? st_hi_odd : st_hi_even) + m * kBlockBytes, dec[m] + 4);
-      }
-      fence_proxy_async_shared();
-      mbar_arrive(mbar(SmemE4m3::kBarVFull));
     }
   } else {
     // ============================ producers ==================================

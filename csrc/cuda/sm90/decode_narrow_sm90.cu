@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "decode_kernel_narrow_fp8_sm90.cuh"
+#include "decode_kernel_narrow_fp8_sm90.cuh"  // includes the narrow kernel
 #if MLA_NARROW_HAS_TMA
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #endif
@@ -29,25 +29,14 @@ HopperChoice narrow_choice(KvFormat format) {
 }
 
 // The OCP fp8 calls that the narrow kernel runs with the indptr layout take
-// its e4m3-QK variant (decode_kernel_narrow_sm90.cuh; faster at every narrow
-// competition shape, its LSE error ~4e-5 of the largest logit: docs/performance.md
-// session 14) unless MLA_DECODE_NARROW_QK=f16 (read once per process) keeps the f16 QK.
+// its register-V form with the e4m3 QK (decode_kernel_narrow_fp8_sm90.cuh;
+// faster at every narrow competition shape, its LSE error ~4e-5 of the
+// largest logit: docs/performance.md sessions 14-15) unless
+// MLA_DECODE_NARROW_QK=f16 (read once per process) keeps the f16 QK.
 bool narrow_e4m3_qk_requested() {
   static const bool requested = [] {
     const char* v = std::getenv("MLA_DECODE_NARROW_QK");
     return v == nullptr || std::strcmp(v, "f16") != 0;
-  }();
-  return requested;
-}
-
-// Which kernel takes the e4m3-QK calls: the register-V kernel
-// (decode_kernel_narrow_fp8_sm90.cuh, PV with V in registers) unless
-// MLA_DECODE_NARROW_PV=smem (read once per process) keeps the narrow
-// kernel's e4m3-QK variant (V decoded into shared memory), for A/B runs.
-bool narrow_register_v_requested() {
-  static const bool requested = [] {
-    const char* v = std::getenv("MLA_DECODE_NARROW_PV");
-    return v == nullptr || std::strcmp(v, "smem") != 0;
   }();
   return requested;
 }
@@ -77,7 +66,7 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 #endif
 
-// The e4m3 variant needs contiguous rows (TMA reads each tile as one box of
+// The register-V kernel needs contiguous rows (TMA reads each tile as one box of
 // rows kv_indptr[b] + j) addressed by int32 tensor-map coordinates, at
 // least one cache row (an empty tensor map is invalid) and a row stride the
 // encoder accepts (a multiple of 16 bytes, checked by the caller, and at
@@ -96,7 +85,7 @@ bool narrow_e4m3_qk_applies(const MlaDecodeParams& p) {
 #endif
 }
 
-// The e4m3 variant's map over the cache codes: a 2-D uint8 tensor of
+// The register-V kernel's map over the cache codes: a 2-D uint8 tensor of
 // {576 codes, num_cache_rows rows} with the cache's row stride; boxes of 128
 // codes x 64 rows (one column block of a code stage), 128-byte swizzle (the
 // wgmma operand layout); reads outside the tensor fill zeros.
@@ -119,63 +108,40 @@ cudaError_t encode_code_map(const MlaDecodeParams& p, sm90::CodeTensorMap* map) 
 #endif
 }
 
-template <KvFormat F, bool kE4m3Qk>
-cudaError_t launch_narrow_variant(const DecodeLaunch& args, const sm90::CodeTensorMap& map, cudaStream_t stream) {
-  constexpr int kSmem = kE4m3Qk ? sm90::narrow::SmemE4m3::kTotal : sm90::narrow::Smem::kTotal;
+template <KvFormat F>
+cudaError_t launch_narrow_f16(const DecodeLaunch& args, cudaStream_t stream) {
+  constexpr int kSmem = sm90::narrow::Smem::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
   static unsigned long long configured_devices = 0;
-  return launch_with_dynamic_smem(sm90::narrow::decode_narrow_kernel<F, kE4m3Qk>, split_grid(args),
-                                  sm90::narrow::kThreads, kSmem, configured_devices, stream, args, map);
-}
-
-template <int kQkAccs, int kPBufs>
-cudaError_t launch_register_v_variant(const DecodeLaunch& args, const sm90::CodeTensorMap& map,
-                                      cudaStream_t stream) {
-  constexpr int kSmem = sm90::narrow_fp8::Smem<kPBufs>::kTotal;
-  static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
-  static unsigned long long configured_devices = 0;
-  return launch_with_dynamic_smem(sm90::narrow_fp8::decode_narrow_fp8_kernel<kQkAccs, kPBufs>, split_grid(args),
-                                  sm90::narrow_fp8::kThreads, kSmem, configured_devices, stream, args, map);
-}
-
-// EXPERIMENT (session 15): MLA_DECODE_EXP picks the QK accumulators in flight and the P buffers.
-int register_v_experiment() {
-  static const int v = [] {
-    const char* e = std::getenv("MLA_DECODE_EXP");
-    return e == nullptr ? 0 : std::atoi(e);
-  }();
-  return v;
+  return launch_with_dynamic_smem(sm90::narrow::decode_narrow_kernel<F>, split_grid(args), sm90::narrow::kThreads,
+                                  kSmem, configured_devices, stream, args);
 }
 
 cudaError_t launch_narrow_register_v(const DecodeLaunch& args, const sm90::CodeTensorMap& map, cudaStream_t stream) {
-  switch (register_v_experiment()) {
-    case 1: return launch_register_v_variant<4, 2>(args, map, stream);
-    case 2: return launch_register_v_variant<4, 3>(args, map, stream);
-    case 3: return launch_register_v_variant<3, 3>(args, map, stream);
-    default: return launch_register_v_variant<2, 2>(args, map, stream);
-  }
+  constexpr int kSmem = sm90::narrow_fp8::Smem::kTotal;
+  static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
+  static unsigned long long configured_devices = 0;
+  return launch_with_dynamic_smem(sm90::narrow_fp8::decode_narrow_fp8_kernel, split_grid(args),
+                                  sm90::narrow_fp8::kThreads, kSmem, configured_devices, stream, args, map);
 }
 
 template <KvFormat F>
 cudaError_t launch_narrow_format(const DecodeLaunch& args, cudaStream_t stream) {
-  sm90::CodeTensorMap map{};  // unused by the f16 variants
   if constexpr (F == KvFormat::kFp8E4M3FN) {
     if (narrow_e4m3_qk_applies(args.p)) {
+      sm90::CodeTensorMap map{};
       const cudaError_t err = encode_code_map(args.p, &map);
       if (err != cudaSuccess) return err;
-      if (narrow_register_v_requested()) return launch_narrow_register_v(args, map, stream);
-      return launch_narrow_variant<F, true>(args, map, stream);
+      return launch_narrow_register_v(args, map, stream);
     }
   }
-  return launch_narrow_variant<F, false>(args, map, stream);
+  return launch_narrow_f16<F>(args, stream);
 }
 
 }  // namespace
 
-// The larger of the variants' layouts, so that a plan that fits fits either.
-int narrow_smem_bytes() {
-  return std::max({sm90::narrow::Smem::kTotal, sm90::narrow::SmemE4m3::kTotal, sm90::narrow_fp8::Smem<3>::kTotal});
-}
+// The larger of the two kernels' layouts, so that a plan that fits fits either.
+int narrow_smem_bytes() { return std::max(sm90::narrow::Smem::kTotal, sm90::narrow_fp8::Smem::kTotal); }
 
 int narrow_tile_tokens() { return sm90::narrow::kTileTokens; }
 
