@@ -319,11 +319,11 @@ def test_fp8_on_the_narrow_kernel_with_e4m3_qk():
     register-V kernel (the default: TMA-landed codes, Q as two e4m3 terms, each QK k-step
     summed in fp32, PV with V converted in registers); the other layouts stay on the narrow
     kernel's f16 variant. The fp8 tests of this file (matrix, forced splits, odd heads, NaN
-    rows, bad indices, long items, alternating shapes) and the graph replay test, in a child
-    process that selects it."""
+    rows, bad indices, long items, alternating shapes, large logits), the graph replay test and
+    test_decode.py's CUDA fp8 tests (q x 8 logits among them), in a child process that selects it."""
     _run_this_file_in_child("(fp8 or odd_head or graph_replay) and not fnuz and not hopper and "
-                            "not many_heads and not narrow and not bf16 and not mxfp4",
-                            files=("test_torch_integration.py",),
+                            "not many_heads and not narrow and not bf16 and not mxfp4 and not cpu",
+                            files=("test_torch_integration.py", "test_decode.py"),
                             MLA_DECODE_FP8_KERNEL="narrow", MLA_DECODE_NARROW_QK="e4m3")
 
 

@@ -375,51 +375,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       // tile t's PV.
       const bool rescale = bar_sync_or(kBarMax, 128, over);
       float alpha[4] = {1.f, 1.f, 1.f, 1.f};
-      if (rescale) {
-        float mx[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          mx[i] = fmaxf(s[4 * (i >> 1) + (i & 1)], s[4 * (i >> 1) + 2 + (i & 1)]);
-          mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 4));
-          mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 8));
-          mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 16));
-        }
-        float* mx_buf = max_x + (t & 1) * 4 * kRows;
-        if (g == 0) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) mx_buf[warp * kRows + 8 * (i >> 1) + 2 * c + (i & 1)] = mx[i];
-        }
-        bar_sync(kBarMax, 128);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int hd = 8 * (i >> 1) + 2 * c + (i & 1);
-          const float m_tile =
-              fmaxf(fmaxf(mx_buf[hd], mx_buf[kRows + hd]), fmaxf(mx_buf[2 * kRows + hd], mx_buf[3 * kRows + hd]));
-          const float m_new = fmaxf(m_run[i], m_tile);
-          alpha[i] = exp2f(m_run[i] - (m_new == -CUDART_INF_F ? 0.f : m_new));
-          m_run[i] = m_new;
-          l_part[i] *= alpha[i];
-        }
-      }
-      // P = exp2(s - m_run) in f16 pairs: p_pairs[2j + r] = keys 16 warp + g +
-      // 8r, heads 8j + 2c, 8j + 2c + 1.
+      if (rescale) narrow::raise_reference(s, max_x + (t & 1) * 4 * kRows, kBarMax, warp, g, c, m_run, l_part, alpha);
       uint32_t p_pairs[4];
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float pv[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int i = 2 * j + e;
-            const float m_ref = m_run[i] == -CUDART_INF_F ? 0.f : m_run[i];
-            pv[e] = exp2f(s[4 * j + 2 * r + e] - m_ref);
-            l_part[i] += pv[e];
-          }
-          const __half2 h = __floats2half2_rn(pv[0], pv[1]);
-          p_pairs[2 * j + r] = *reinterpret_cast<const uint32_t*>(&h);
-        }
-      }
+      narrow::probabilities<true>(s, m_run, l_part, p_pairs);
       // Buffer buf is free once the PV of tile t - kPBufs is complete.
       if (t >= kPBufs) mbar_wait(mbar(Smem::kBarPEmpty + buf), ((t / kPBufs) - 1) & 1);
       if (tid == 0) rescale_x[buf] = rescale ? 1u : 0u;
@@ -427,32 +385,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int i = 0; i < 4; ++i) alpha_x[buf * kRows + 8 * (i >> 1) + 2 * c + (i & 1)] = alpha[i];
       }
-      // P^T (B of PV: keys along K, heads along N, K-major): one stmatrix
-      // .trans per warp, as the narrow kernel (matrix 2j + r lands as the rows
-      // of heads 8j.., chunk 2 warp + r).
-      {
-        const int mat = lane >> 3, hd = 8 * (mat >> 1) + (lane & 7), chunk = 2 * warp + (mat & 1);
-        const uint32_t addr = pt_smem + buf * kQBlockBytes + hd * 128 + ((chunk ^ (hd & 7)) << 4);
-        asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
-                     "r"(p_pairs[0]), "r"(p_pairs[1]), "r"(p_pairs[2]), "r"(p_pairs[3])
-                     : "memory");
-      }
+      narrow::store_p_transposed(pt_smem + buf * kQBlockBytes, p_pairs, warp, lane);
       fence_proxy_async_shared();
       mbar_arrive(mbar(Smem::kBarPFull + buf));
     }
 
     // ---- epilogue: l per head over the 64 rows of keys, the LSE, and the
     // heads' output factors for the value warpgroups ------------------------
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      l_part[i] += __shfl_xor_sync(0xffffffffu, l_part[i], 4);
-      l_part[i] += __shfl_xor_sync(0xffffffffu, l_part[i], 8);
-      l_part[i] += __shfl_xor_sync(0xffffffffu, l_part[i], 16);
-    }
-    if (g == 0) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) sum_x[warp * kRows + 8 * (i >> 1) + 2 * c + (i & 1)] = l_part[i];
-    }
+    narrow::publish_row_sums(l_part, sum_x, warp, g, c);
     bar_sync(kBarSum, 128);
     if (warp == 0 && g == 0) {
 #pragma unroll

@@ -158,6 +158,99 @@ __device__ __noinline__ MxChunkBf16 mx_chunk_to_bf16_two_factors(uint2 codes, ui
 // The dim stored at position j of an 8-dim group (MXFP4; fp8 keeps dim order).
 __device__ __forceinline__ int mx_dim_of_position(int j) { return (j >> 1) + 4 * (j & 1); }
 
+// ---- softmax pieces shared with the register-V kernel ----------------------
+// Scores in the m64n16 accumulator layout: s[4j + 2r + e] = (key 16 warp + g +
+// 8r, head 8j + 2c + e); this thread's heads hd[2j + e] = 8j + 2c + e.
+
+// The lazy rescale's slow path, once the vote has fired (warpgroup-uniform):
+// a head's maximum over the tile (the 8 lanes with the same c, then the 4
+// warps through mx_buf, [4 warps][16], with a named barrier of the 128
+// threads), the new reference m_run, its factor alpha, and l_part rescaled.
+__device__ __forceinline__ void raise_reference(const float (&s)[8], float* mx_buf, int bar_id, int warp, int g,
+                                                int c, float (&m_run)[4], float (&l_part)[4], float (&alpha)[4]) {
+  float mx[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    mx[i] = fmaxf(s[4 * (i >> 1) + (i & 1)], s[4 * (i >> 1) + 2 + (i & 1)]);
+    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 4));
+    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 8));
+    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 16));
+  }
+  if (g == 0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) mx_buf[warp * kRows + 8 * (i >> 1) + 2 * c + (i & 1)] = mx[i];
+  }
+  bar_sync(bar_id, 128);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int hd = 8 * (i >> 1) + 2 * c + (i & 1);
+    const float m_tile =
+        fmaxf(fmaxf(mx_buf[hd], mx_buf[kRows + hd]), fmaxf(mx_buf[2 * kRows + hd], mx_buf[3 * kRows + hd]));
+    const float m_new = fmaxf(m_run[i], m_tile);
+    alpha[i] = exp2f(m_run[i] - (m_new == -CUDART_INF_F ? 0.f : m_new));
+    m_run[i] = m_new;
+    l_part[i] *= alpha[i];
+  }
+}
+
+// P = exp2(s - m_run) added to the row sums l_part and packed in pairs:
+// p_pairs[2j + r] = keys 16 warp + g + 8r, heads 8j + 2c, 8j + 2c + 1 (f16
+// for the fp8 operands, else bf16).
+template <bool kF16>
+__device__ __forceinline__ void probabilities(const float (&s)[8], const float (&m_run)[4], float (&l_part)[4],
+                                              uint32_t (&p_pairs)[4]) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float pv[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int i = 2 * j + e;  // head slot
+        const float m_ref = m_run[i] == -CUDART_INF_F ? 0.f : m_run[i];
+        pv[e] = exp2f(s[4 * j + 2 * r + e] - m_ref);
+        l_part[i] += pv[e];
+      }
+      if constexpr (kF16) {
+        const __half2 h = __floats2half2_rn(pv[0], pv[1]);
+        p_pairs[2 * j + r] = *reinterpret_cast<const uint32_t*>(&h);
+      } else {
+        p_pairs[2 * j + r] = mla_pack_bf16x2(pv[0], pv[1]);
+      }
+    }
+  }
+}
+
+// P^T (B of PV: keys along K, heads along N, K-major) into the 16 x 64
+// 128-byte-swizzled block at pt: row = head, 16-byte chunk = key / 8,
+// element key % 8. The fragment of keys 16 warp + 8r.. x heads 8j.. is an
+// m8n8 matrix in the mma layout (row = key), so one stmatrix .trans per warp
+// stores all four: matrix 2j + r lands as the rows of heads 8j.. (lane 8(2j
+// + r) + h gives the address of head 8j + h), chunk 2 warp + r.
+__device__ __forceinline__ void store_p_transposed(uint32_t pt, const uint32_t (&p_pairs)[4], int warp, int lane) {
+  const int mat = lane >> 3, hd = 8 * (mat >> 1) + (lane & 7), chunk = 2 * warp + (mat & 1);
+  const uint32_t addr = pt + hd * 128 + ((chunk ^ (hd & 7)) << 4);
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+               "r"(p_pairs[0]), "r"(p_pairs[1]), "r"(p_pairs[2]), "r"(p_pairs[3])
+               : "memory");
+}
+
+// The row sums over the tile's 64 keys: l_part reduced over the 8 lanes with
+// the same c, then written per warp into sum_x ([4 warps][16]); the caller
+// syncs and adds the four.
+__device__ __forceinline__ void publish_row_sums(float (&l_part)[4], float* sum_x, int warp, int g, int c) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    l_part[i] += __shfl_xor_sync(0xffffffffu, l_part[i], 4);
+    l_part[i] += __shfl_xor_sync(0xffffffffu, l_part[i], 8);
+    l_part[i] += __shfl_xor_sync(0xffffffffu, l_part[i], 16);
+  }
+  if (g == 0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sum_x[warp * kRows + 8 * (i >> 1) + 2 * c + (i & 1)] = l_part[i];
+  }
+}
+
 template <KvFormat F>
 __global__ void __launch_bounds__(kThreads, 1) decode_narrow_kernel(const DecodeLaunch args) {
   constexpr bool kFp8 = F == KvFormat::kFp8E4M3FN;  // f16 operands; MXFP4: bf16
@@ -318,33 +411,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_kernel(const Decode
       // a shared-memory exchange, a barrier) nor the O^T rescale; the vote
       // is one barrier. The LSE is m_run + log2(l) either way.
       if (bar_sync_or(kBarMax, 128, over)) {
-        // A head's maximum over the tile: the 8 lanes with the same c, then
-        // the 4 warps through shared memory (double-buffered by tile parity).
-        float mx[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          mx[i] = fmaxf(s[4 * (i >> 1) + (i & 1)], s[4 * (i >> 1) + 2 + (i & 1)]);
-          mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 4));
-          mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 8));
-          mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 16));
-        }
-        float* mx_buf = max_x + (t & 1) * 4 * kRows;
-        if (g == 0) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) mx_buf[warp * kRows + 8 * (i >> 1) + 2 * c + (i & 1)] = mx[i];
-        }
-        bar_sync(kBarMax, 128);
         float alpha[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int hd = 8 * (i >> 1) + 2 * c + (i & 1);
-          const float m_tile =
-              fmaxf(fmaxf(mx_buf[hd], mx_buf[kRows + hd]), fmaxf(mx_buf[2 * kRows + hd], mx_buf[3 * kRows + hd]));
-          const float m_new = fmaxf(m_run[i], m_tile);
-          alpha[i] = exp2f(m_run[i] - (m_new == -CUDART_INF_F ? 0.f : m_new));
-          m_run[i] = m_new;
-          l_part[i] *= alpha[i];
-        }
+        raise_reference(s, max_x + (t & 1) * 4 * kRows, kBarMax, warp, g, c, m_run, l_part, alpha);
         if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f || alpha[2] != 1.f || alpha[3] != 1.f)) {
 #pragma unroll
           for (int mb = 0; mb < 8; ++mb) {
@@ -353,40 +421,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_kernel(const Decode
           }
         }
       }
-      // P^T (B of PV: keys along K, heads along N, K-major): row = head,
-      // 16-byte chunk = key / 8, element key % 8. The accumulator fragment of
-      // keys 16 warp + 8r.. x heads 8j.. is an m8n8 matrix in the mma layout
-      // (row = key), so one stmatrix .trans per warp stores all four: matrix
-      // 2j + r lands as the rows of heads 8j.. (lane 8(2j + r) + h gives the
-      // address of head 8j + h), chunk 2 warp + r.
       uint32_t p_pairs[4];
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float pv[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int i = 2 * j + e;  // head slot
-            const float m_ref = m_run[i] == -CUDART_INF_F ? 0.f : m_run[i];
-            pv[e] = exp2f(s[4 * j + 2 * r + e] - m_ref);
-            l_part[i] += pv[e];
-          }
-          if constexpr (kFp8) {
-            const __half2 h = __floats2half2_rn(pv[0], pv[1]);
-            p_pairs[2 * j + r] = *reinterpret_cast<const uint32_t*>(&h);
-          } else {
-            p_pairs[2 * j + r] = mla_pack_bf16x2(pv[0], pv[1]);
-          }
-        }
-      }
-      {
-        const int mat = lane >> 3, hd = 8 * (mat >> 1) + (lane & 7), chunk = 2 * warp + (mat & 1);
-        const uint32_t addr = pt_smem + hd * 128 + ((chunk ^ (hd & 7)) << 4);
-        asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
-                     "r"(p_pairs[0]), "r"(p_pairs[1]), "r"(p_pairs[2]), "r"(p_pairs[3])
-                     : "memory");
-      }
+      probabilities<kFp8>(s, m_run, l_part, p_pairs);
+      store_p_transposed(pt_smem, p_pairs, warp, lane);
       fence_proxy_async_shared();
       bar_sync(kBarP, 128);
 
@@ -411,16 +448,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_kernel(const Decode
     pin(o);
 
     // ---- epilogue: l per head over the 64 rows of keys, O^T / l ------------
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      l_part[i] += __shfl_xor_sync(0xffffffffu, l_part[i], 4);
-      l_part[i] += __shfl_xor_sync(0xffffffffu, l_part[i], 8);
-      l_part[i] += __shfl_xor_sync(0xffffffffu, l_part[i], 16);
-    }
-    if (g == 0) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) sum_x[warp * kRows + 8 * (i >> 1) + 2 * c + (i & 1)] = l_part[i];
-    }
+    publish_row_sums(l_part, sum_x, warp, g, c);
     bar_sync(kBarSum, 128);
     float inv[4];
 #pragma unroll
