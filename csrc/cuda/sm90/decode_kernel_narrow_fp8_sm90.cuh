@@ -224,9 +224,9 @@ __device__ __forceinline__ void store_q_e4m3_terms(const MlaDecodeParams& p, con
   }
 }
 
-// Tile `tile`'s codes of 8 keys x 16 dims as A fragments: r (from ldmatrix
-// .trans, see the top) -> a0 / a1 (A rows g / g + 8, keys 2c, 2c + 1) from
-// r_lo and a2 / a3 (keys 8 + 2c, ..) from r_hi.
+// Codes of 16 keys x 16 dims as one A fragment (f16): r_lo / r_hi from
+// ldmatrix .trans of keys 0..7 / 8..15 (see the top) -> a0 / a1 (A rows g /
+// g + 8, keys 2c, 2c + 1) from r_lo, a2 / a3 (keys 8 + 2c, ..) from r_hi.
 __device__ __forceinline__ void codes_to_a_fragment(uint32_t r_lo, uint32_t r_hi, uint32_t (&a)[4]) {
   const uint32_t lo = prmt(r_lo, 0, 0x3120), hi = prmt(r_hi, 0, 0x3120);
   a[0] = e4m3x2_to_f16x2<0>(lo);
@@ -305,8 +305,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int stage = t % kCodeStages;
       const int buf = t % kPBufs;
       // S^T = K Q^T from the codes: each k-step accumulated by the tensor
-      // cores from zero into acc[step % 2] and added to s in fp32 (hi + mid /
-      // 16) while the next one runs.
+      // cores from zero into acc[step % kQkAccs] and added to s in fp32 (hi +
+      // mid / 16) while the next ones run.
       float s[8];
       {
         mbar_wait(mbar(Smem::kBarCodeFull + stage), (t / kCodeStages) & 1);
@@ -402,17 +402,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const bool nan = isnan(l) || work.orphan;
         out_scale_x[hd] = nan ? CUDART_NAN_F : (l > 0.f ? __ldg(p.fp8_scale) / l : 0.f);  // V's dequantisation too
         const int h = work.h0 + hd;
-        if (h < p.num_heads) {
-          float lse = l > 0.f ? (m_run[i] + __log2f(l)) * 0.6931471805599453f : -CUDART_INF_F;
-          if (nan) lse = CUDART_NAN_F;
-          if (args.num_splits == 1) {
-            p.lse[static_cast<int64_t>(work.t) * p.lse_stride_token + static_cast<int64_t>(h) * p.lse_stride_head] =
-                lse;
-          } else {
-            const int64_t out_row = static_cast<int64_t>(work.t) * p.num_heads + h;
-            args.partial_lse[static_cast<int64_t>(work.split) * rows + out_row] = lse;
-          }
-        }
+        if (h < p.num_heads) store_head_lse(args, work, h, rows, m_run[i], l);
       }
     }
     mbar_arrive(mbar(Smem::kBarEpilogue));  // the factors stored

@@ -459,16 +459,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_kernel(const Decode
       if constexpr (kFp8) inv[i] *= __ldg(p.fp8_scale);  // V's dequantisation
       if (isnan(l) || work.orphan) inv[i] = CUDART_NAN_F;
       const int h = work.h0 + hd;
-      if (warp == 0 && g == 0 && h < p.num_heads) {
-        float lse = l > 0.f ? (m_run[i] + __log2f(l)) * 0.6931471805599453f : -CUDART_INF_F;
-        if (isnan(l) || work.orphan) lse = CUDART_NAN_F;
-        if (args.num_splits == 1) {
-          p.lse[static_cast<int64_t>(work.t) * p.lse_stride_token + static_cast<int64_t>(h) * p.lse_stride_head] = lse;
-        } else {
-          const int64_t out_row = static_cast<int64_t>(work.t) * p.num_heads + h;
-          args.partial_lse[static_cast<int64_t>(work.split) * rows + out_row] = lse;
-        }
-      }
+      if (warp == 0 && g == 0 && h < p.num_heads) store_head_lse(args, work, h, rows, m_run[i], l);
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {

@@ -356,17 +356,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
         final_m[row] = m_run[r];
         final_l[row] = l_run[r];
         const int h = work.h0 + row;
-        if (h < p.num_heads) {
-          const float l = l_run[r];
-          float lse = l > 0.f ? (m_run[r] + __log2f(l)) * 0.6931471805599453f : -CUDART_INF_F;
-          if (isnan(l) || work.orphan) lse = CUDART_NAN_F;
-          if (args.num_splits == 1) {
-            p.lse[static_cast<int64_t>(work.t) * p.lse_stride_token + static_cast<int64_t>(h) * p.lse_stride_head] = lse;
-          } else {
-            const int64_t out_row = static_cast<int64_t>(work.t) * p.num_heads + h;
-            args.partial_lse[static_cast<int64_t>(work.split) * rows + out_row] = lse;
-          }
-        }
+        if (h < p.num_heads) store_head_lse(args, work, h, rows, m_run[r], l_run[r]);
       }
     }
     mbar_arrive(mbar(kMbFinal));
