@@ -188,15 +188,16 @@ bool wide_kernel_pays_off(const MlaDecodeParams& p) {
 // 64 x 8192 115 / 119-122, 256 x 8192 401 / 404-409; slower at 4 x 8192 and
 // at every kv = 1024 shape (the narrow kernel's longer prologue is paid per
 // split); hence long sequences and at least 131072 query tokens x keys.
-// The indptr layout's fp8 calls run the register-V kernel instead (session
-// 15, run 3, forced narrow / planned, us): 64 x 1024 27.6, 25.7 / 29.6, 29.2;
+// The fp8 calls that run its register-V form (narrow_register_v_applies: the
+// indptr layout) take it from 65536 query tokens x keys (session 15, run 3,
+// forced narrow / planned, us): 64 x 1024 27.6, 25.7 / 29.6, 29.2;
 // 256 x 1024 63.8, 62.8 / 66.3; slower at 4 x 8192 (20.9-21.9 / 19.8-20.3)
-// and 32 x 1024 (20.6-21.5 / 19.3); hence from 65536 query tokens x keys.
+// and 32 x 1024 (20.6-21.5 / 19.3).
 bool narrow_kernel_pays_off(const MlaDecodeParams& p) {
   const int64_t kv_len = estimated_kv_len(p);
   const int64_t work = static_cast<int64_t>(p.total_q) * kv_len;
   if (p.format == KvFormat::kFp8E4M3FN) {
-    return p.layout == KvLayout::kIndptr ? work >= 65536 : kv_len >= 4096 && work >= 131072;
+    return narrow_register_v_applies(p) ? work >= 65536 : kv_len >= 4096 && work >= 131072;
   }
   return work >= 16384;
 }

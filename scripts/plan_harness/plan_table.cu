@@ -55,6 +55,13 @@ bool narrow_kernel_applies(const MlaDecodeParams& p, int smem_per_block_optin) {
   return g_hopper && format_ok && p.num_heads < kWideRows && smem_per_block_optin >= narrow_smem_bytes();
 }
 bool narrow_kernel_forced(KvFormat) { return false; }
+// The register-V form as on an H200 with tensor maps and the switches unset,
+// for the harness's inputs (rows present, the cache's own stride): every OCP
+// fp8 call of the indptr layout (trees from session 15 on ask; earlier trees
+// never call it).
+bool narrow_register_v_applies(const MlaDecodeParams& p) {
+  return p.format == KvFormat::kFp8E4M3FN && p.layout == KvLayout::kIndptr;
+}
 cudaError_t launch_narrow(const DecodeLaunch&, cudaStream_t) { return cudaErrorNotSupported; }
 template <KvFormat F>
 cudaError_t launch_split_kernel(const DecodeLaunch&, cudaStream_t) { return cudaErrorNotSupported; }

@@ -21,8 +21,8 @@ namespace {
 
 // The narrow kernel's choice for a format: "mma" turns it off, "narrow"
 // forces it, anything else leaves it to the plan's size thresholds
-// (narrow_kernel_pays_off: MXFP4 from 16k query tokens x keys, OCP fp8 on
-// long sequences only).
+// (narrow_kernel_pays_off: MXFP4 from 16k query tokens x keys, OCP fp8 from
+// 64k on the register-V kernel, else on long sequences only).
 HopperChoice narrow_choice(KvFormat format) {
   return hopper_kernel_choice(format, format == KvFormat::kFp8E4M3FN || format == KvFormat::kMxfp4,
                               KernelSwitch::kNarrow);
@@ -65,25 +65,6 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encode;
 }
 #endif
-
-// The register-V kernel needs contiguous rows (TMA reads each tile as one box of
-// rows kv_indptr[b] + j) addressed by int32 tensor-map coordinates, at
-// least one cache row (an empty tensor map is invalid) and a row stride the
-// encoder accepts (a multiple of 16 bytes, checked by the caller, and at
-// least one row: a one-row cache may carry any stride).
-// Where the driver has no tensor-map encoder (or the toolkit no tensor maps)
-// such calls keep the f16 QK.
-bool narrow_e4m3_qk_applies(const MlaDecodeParams& p) {
-#if MLA_NARROW_HAS_TMA
-  return p.format == KvFormat::kFp8E4M3FN && p.layout == KvLayout::kIndptr && narrow_e4m3_qk_requested() &&
-         p.num_cache_rows > 0 && p.num_cache_rows <= INT_MAX - 2 * sm90::narrow::kTileTokens &&
-         p.kv_row_stride_bytes >= kHeadDimQK && p.kv_row_stride_bytes < (int64_t{1} << 40) &&
-         tensor_map_encoder() != nullptr;
-#else
-  (void)p;
-  return false;
-#endif
-}
 
 // The register-V kernel's map over the cache codes: a 2-D uint8 tensor of
 // {576 codes, num_cache_rows rows} with the cache's row stride; boxes of 128
@@ -128,7 +109,7 @@ cudaError_t launch_narrow_register_v(const DecodeLaunch& args, const sm90::CodeT
 template <KvFormat F>
 cudaError_t launch_narrow_format(const DecodeLaunch& args, cudaStream_t stream) {
   if constexpr (F == KvFormat::kFp8E4M3FN) {
-    if (narrow_e4m3_qk_applies(args.p)) {
+    if (narrow_register_v_applies(args.p)) {
       sm90::CodeTensorMap map{};
       const cudaError_t err = encode_code_map(args.p, &map);
       if (err != cudaSuccess) return err;
@@ -139,6 +120,26 @@ cudaError_t launch_narrow_format(const DecodeLaunch& args, cudaStream_t stream) 
 }
 
 }  // namespace
+
+// The register-V kernel needs contiguous rows (TMA reads each tile as one box of
+// rows kv_indptr[b] + j) addressed by int32 tensor-map coordinates, at
+// least one cache row (an empty tensor map is invalid) and a row stride the
+// encoder accepts (a multiple of 16 bytes, checked by the caller, and at
+// least one row: a one-row cache may carry any stride).
+// Where the driver has no tensor-map encoder (or the toolkit no tensor maps)
+// such calls keep the f16 QK. (Outside the anonymous namespace: the plan's
+// size threshold depends on it, decode_launch.cu.)
+bool narrow_register_v_applies(const MlaDecodeParams& p) {
+#if MLA_NARROW_HAS_TMA
+  return p.format == KvFormat::kFp8E4M3FN && p.layout == KvLayout::kIndptr && narrow_e4m3_qk_requested() &&
+         p.num_cache_rows > 0 && p.num_cache_rows <= INT_MAX - 2 * sm90::narrow::kTileTokens &&
+         p.kv_row_stride_bytes >= kHeadDimQK && p.kv_row_stride_bytes < (int64_t{1} << 40) &&
+         tensor_map_encoder() != nullptr;
+#else
+  (void)p;
+  return false;
+#endif
+}
 
 // The larger of the two kernels' layouts, so that a plan that fits fits either.
 int narrow_smem_bytes() { return std::max(sm90::narrow::Smem::kTotal, sm90::narrow_fp8::Smem::kTotal); }
