@@ -122,8 +122,8 @@ enum NamedBarrier : int {
 // One stage's block scales, as the stager writes them (offsets in bytes).
 struct ScaleStage {
   static constexpr int kPair = 0;                                      // u16 [18][64]: f1 of (block, key)
-  static constexpr int kSplat = kPair + kBlocks * kTileTokens * 2;     // u32 [18][64]: f1 in both halves
-  static constexpr int kSecond = kSplat + kBlocks * kTileTokens * 4;   // u16 [18][64]: f2 (1 if unused)
+  static constexpr int kScore = kPair + kBlocks * kTileTokens * 2;     // f32 [18][64]: 2^(E-127) for QK
+  static constexpr int kSecond = kScore + kBlocks * kTileTokens * 4;   // u16 [18][64]: f2 (1 if unused)
   static constexpr int kWide = kSecond + kBlocks * kTileTokens * 2;    // u32 [8]: stager warp saw f2 != 1
   static constexpr int kBytes = kWide + kValueWarps * 4;
 };
@@ -131,7 +131,7 @@ static_assert(ScaleStage::kWide % 16 == 0 && ScaleStage::kBytes % 16 == 0, "16-b
 
 struct Smem {
   static constexpr int kQ = 0;
-  static constexpr int kCodes = kQ + kColBlocks * kQBlockBytes;
+  static constexpr int kCodes = kQ + narrow_fp8::kCodeBlocks * narrow_fp8::kQtBlockBytes;  // Q's two e4m3 terms
   static constexpr int kPt = kCodes + kStages * kStageBytes;
   static constexpr int kScales = kPt + kPBufs * kQBlockBytes;
   static constexpr int kAlpha = kScales + kStages * ScaleStage::kBytes;  // [kPBufs][16] fp32
@@ -140,7 +140,8 @@ struct Smem {
   static constexpr int kMaxX = kRescale + 16;                             // [2 tiles][4 warps][16] fp32
   static constexpr int kSumX = kMaxX + 2 * 4 * kRows * 4;                 // [4 warps][16] fp32
   static constexpr int kOutScale = kSumX + 4 * kRows * 4;                 // [16] fp32: 1 / l
-  static constexpr int kBars = kOutScale + kRows * 4;
+  static constexpr int kQScale = kOutScale + kRows * 4;                   // [16] fp32: Q's per-head 2^-e
+  static constexpr int kBars = kQScale + kRows * 4;
   static constexpr int kBarCodeFull = 0;                                  // + stage
   static constexpr int kBarCodeEmpty = kStages;                           // + stage
   static constexpr int kBarPFull = 2 * kStages;                           // + buffer
@@ -187,6 +188,11 @@ __device__ __forceinline__ void store_q_mx_order(const MlaDecodeParams& p, const
   }
 }
 
+__device__ __forceinline__ uint32_t opaque_u32(uint32_t x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+
 // The bf16 pair (codes P, P + 4 of the 8 in w) times the bf16 pair f.
 template <int P>
 __device__ __forceinline__ uint32_t mx_scaled_pair(uint32_t w, uint32_t f) {
@@ -194,6 +200,26 @@ __device__ __forceinline__ uint32_t mx_scaled_pair(uint32_t w, uint32_t f) {
 }
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t x, uint32_t f) {
   return bf16x2_bits(__hmul2(bits_bf16x2(x), bits_bf16x2(f)));
+}
+
+// E2M1 codes to e4m3 bytes of code * 2^-6, exactly (a code's magnitude bits
+// placed at e4m3 bits 2-4 are its exponent and mantissa shifted by 6 binades,
+// code 1 = 0.5 landing on the subnormal 2^-7): the low nibbles of w's four
+// bytes (kHigh false: codes 0, 2, 4, 6 of the 8 in w) or the high nibbles
+// (codes 1, 3, 5, 7).
+template <bool kHigh>
+__device__ __forceinline__ uint32_t e2m1x4_to_e4m3(uint32_t w) {
+  if constexpr (kHigh) return ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);
+  else return ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u);
+}
+
+// 2^(E-127) as fp32 for QK's per-block promotion (kNoScale: 0; 255: NaN;
+// E = 0 is the subnormal 2^-127, which the fast-math FFMA flushes: a block
+// scaled by it adds at most ~1e-35 to a score).
+__device__ __forceinline__ float e8m0_to_float(uint32_t e) {
+  if (e == kNoScale) return 0.f;
+  if (e == 255u) return CUDART_NAN_F;
+  return __uint_as_float(e == 0u ? 0x00400000u : e << 23);
 }
 
 // The two bf16 factors of an E8M0 byte e (kNoScale: a zero row): f1 * f2 =
@@ -270,78 +296,84 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == 0) {
     // ============================== scorer ===================================
-    store_q_mx_order(p, work, tid, q_smem);
+    float* q_scale = reinterpret_cast<float*>(smem + Smem::kQScale);
+    narrow_fp8::store_q_e4m3_terms<true>(p, work, tid, q_smem, q_scale);
     fence_proxy_async_shared();
     bar_sync(kBarQ, 128);
 
     // Accumulator layout (m64n16 of fp32): s[4j + 2r + e] = (key 16 warp + g
     // + 8r, head 8j + 2c + e); this thread's heads hd[2j + e] = 8j + 2c + e.
     const int key0 = 16 * warp + g;
-    const float head_scale = p.sm_scale * 1.4426950408889634f;  // log2 domain
+    float head_scale[4];  // log2-domain score scale per head: times Q's 2^-e and the codes' 2^6
+    {
+      const float scale = p.sm_scale * 1.4426950408889634f * 64.f;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) head_scale[i] = scale * q_scale[8 * (i >> 1) + 2 * c + (i & 1)];
+    }
     float m_run[4] = {-CUDART_INF_F, -CUDART_INF_F, -CUDART_INF_F, -CUDART_INF_F};
     float l_part[4] = {0.f, 0.f, 0.f, 0.f};  // this thread's keys only (reduced at the end)
     // ldmatrix rows: lane l gives row l % 8 of matrix l / 8 = (keys 16 warp +
-    // 8 (l / 8 % 2).., block 2 ch + l / 16 of chunk ch).
+    // 8 (l / 8 % 2).., block ks + l / 16 of the k-step pair ks, ks + 1).
+    // For an even ks, block ks + mi / 2 is chunk (ks % 8) ^ (mi / 2) of box ks /
+    // 8 (ks % 8 is even), so the lane's swizzled offset is qk_off[(ks % 8) / 2].
     const int mi = lane >> 3, ri = lane & 7;
-    const uint32_t qk_row = (16 * warp + 8 * (mi & 1) + ri) * 128;
-    const uint64_t desc_q0 = opaque(smem_desc_sw128(q_smem, 16, kSwizzleGroupBytes));
+    uint32_t qk_off[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) qk_off[i] = (16 * warp + 8 * (mi & 1) + ri) * 128 + (((2 * i) ^ (mi >> 1) ^ ri) << 4);
 
     for (int t = 0; t < n_tiles; ++t) {
       const int stage = t % kStages;
       const int buf = t % kPBufs;
+      // S^T = K Q^T, one MX block per k-step: its 32 codes of keys g, g + 8
+      // as e4m3 (code 2^-6) in registers, accumulated by the tensor cores from
+      // zero into acc[ks % 2] and added to s in fp32 times the keys' block
+      // scales (hi + mid / 16) while the next k-step runs.
       float s[8];
       {
         mbar_wait(mbar(Smem::kBarCodeFull + stage), (t / kStages) & 1);
         const uint32_t codes = codes_smem + stage * kStageBytes;
-        const uint8_t* sc = scales + stage * ScaleStage::kBytes;
-        const bool wide = stage_is_wide(stage);
-        uint32_t abuf[2][16];  // A words of two chunks: [4 k-steps][a0..a3]
+        const float* score_scale =
+            reinterpret_cast<const float*>(scales + stage * ScaleStage::kBytes + ScaleStage::kScore);
+        // (Opaque per tile: 18 descriptors hoisted out of the loop would take 36 registers.)
+        const uint64_t desc_q0 = opaque(smem_desc_sw128(q_smem, 16, kSwizzleGroupBytes));
+        const uint32_t no_acc = opaque_u32(0u);  // d = A * B, see wgmma_m64n32k32_e4m3_rs
+        float acc[2][16];
 #pragma unroll
-        for (int ch = 0; ch < kQkChunks; ++ch) {
-          uint32_t (&a)[16] = abuf[ch & 1];
-          uint32_t r[4];  // keys g / g + 8 of block 2ch, then of block 2ch + 1
-          const int blk_l = 2 * ch + (mi >> 1);
-          ldmatrix_x4(r, codes + (blk_l >> 3) * kBoxBytes + qk_row + (((blk_l & 7) ^ ri) << 4));
+        for (int i = 0; i < 16; ++i) acc[0][i] = acc[1][i] = 0.f;
+        uint32_t a[2][4];
+        uint32_t r[4];  // keys g / g + 8 of block ks, then of block ks + 1 (ks even)
+        auto promote = [&](float(&x)[16], int blk) {
+          pin(x);
+          const float sc0 = score_scale[blk * kTileTokens + key0], sc1 = score_scale[blk * kTileTokens + key0 + 8];
 #pragma unroll
-          for (int bb = 0; bb < 2; ++bb) {
-            const int blk = 2 * ch + bb;
-            const uint32_t* splat = reinterpret_cast<const uint32_t*>(sc + ScaleStage::kSplat) + blk * kTileTokens;
-            const uint32_t f_lo = splat[key0], f_hi = splat[key0 + 8];
-            // k-step 2bb + kk of the chunk: a0 / a1 = pair 2kk of keys g / g +
-            // 8, a2 / a3 = pair 2kk + 1.
-            a[8 * bb + 0] = mx_scaled_pair<0>(r[2 * bb], f_lo);
-            a[8 * bb + 1] = mx_scaled_pair<0>(r[2 * bb + 1], f_hi);
-            a[8 * bb + 2] = mx_scaled_pair<1>(r[2 * bb], f_lo);
-            a[8 * bb + 3] = mx_scaled_pair<1>(r[2 * bb + 1], f_hi);
-            a[8 * bb + 4] = mx_scaled_pair<2>(r[2 * bb], f_lo);
-            a[8 * bb + 5] = mx_scaled_pair<2>(r[2 * bb + 1], f_hi);
-            a[8 * bb + 6] = mx_scaled_pair<3>(r[2 * bb], f_lo);
-            a[8 * bb + 7] = mx_scaled_pair<3>(r[2 * bb + 1], f_hi);
-            if (wide) {
-              const uint16_t* second = reinterpret_cast<const uint16_t*>(sc + ScaleStage::kSecond) + blk * kTileTokens;
-              const uint32_t s_lo = 0x10001u * second[key0], s_hi = 0x10001u * second[key0 + 8];
-#pragma unroll
-              for (int i = 0; i < 8; i += 2) {
-                a[8 * bb + i] = bf16x2_mul(a[8 * bb + i], s_lo);
-                a[8 * bb + i + 1] = bf16x2_mul(a[8 * bb + i + 1], s_hi);
-              }
-            }
+          for (int i = 0; i < 8; ++i) {
+            s[i] = fmaf(fmaf(x[8 + i], 1.f / narrow_fp8::kQMidScale, x[i]), (i & 2) ? sc1 : sc0, s[i]);
           }
+          pin(s);  // summed before the next wgmma is issued: x's registers are then free
+        };
+#pragma unroll
+        for (int i = 0; i < 8; ++i) s[i] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < kBlocks; ++ks) {
+          if (ks % 2 == 0) ldmatrix_x4(r, codes + (ks / 8) * kBoxBytes + qk_off[(ks % 8) / 2]);
+          const int bb = ks & 1;
+          uint32_t(&ak)[4] = a[ks & 1];
+          ak[0] = e2m1x4_to_e4m3<false>(r[2 * bb]);      // row g: positions 4c.. (even dims)
+          ak[1] = e2m1x4_to_e4m3<false>(r[2 * bb + 1]);  // row g + 8
+          ak[2] = e2m1x4_to_e4m3<true>(r[2 * bb]);       // row g: positions 16 + 4c.. (odd dims)
+          ak[3] = e2m1x4_to_e4m3<true>(r[2 * bb + 1]);
           wgmma_fence();
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            const uint32_t(&ak)[4] = *reinterpret_cast<const uint32_t(*)[4]>(a + 4 * k);
-            // Positions 64 ch + 16 k..: column block ch, 32 bytes per k-step.
-            const uint64_t desc_q = desc_q0 + ((ch * kQBlockBytes + k * 32) >> 4);
-            if (ch == 0 && k == 0) wgmma_m64n16k16_rs<false, false>(s, ak, desc_q);
-            else wgmma_m64n16k16_rs<false, true>(s, ak, desc_q);
-          }
+          // Block ks: column block ks / 4 of Q's terms, 32 bytes per block.
+          wgmma_m64n32k32_e4m3_rs(acc[ks & 1], ak,
+                                  desc_q0 + (((ks / 4) * narrow_fp8::kQtBlockBytes + (ks % 4) * 32) >> 4), no_acc);
           wgmma_commit();
-          // The previous chunk's group is complete: its A buffer is free.
-          if (ch >= 1 && ch + 1 < kQkChunks) wgmma_wait<1>();
+          if (ks >= 1) {
+            wgmma_wait<1>();  // k-step ks - 1 complete (and its A registers free)
+            promote(acc[(ks - 1) & 1], ks - 1);
+          }
         }
         wgmma_wait<0>();
-        pin(s);
+        promote(acc[(kBlocks - 1) & 1], kBlocks - 1);
         __syncwarp();
         if (lane == 0) mbar_arrive(mbar(Smem::kBarCodeEmpty + stage));  // this warp's reads are done
       }
@@ -358,7 +390,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const bool is_bad = row < 0 || row >= p.num_cache_rows;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {  // i = 2j + e
-          float v = s[4 * (i >> 1) + 2 * r + (i & 1)] * head_scale;
+          float v = s[4 * (i >> 1) + 2 * r + (i & 1)] * head_scale[i];
           v = past ? -CUDART_INF_F : (is_bad ? CUDART_NAN_F : v);
           s[4 * (i >> 1) + 2 * r + (i & 1)] = v;
           over |= v > m_run[i] + kLazyLog2;
@@ -432,7 +464,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           e8m0_factors(e[i], f1, f2);
           const int idx = blk * kTileTokens + st_key;
           reinterpret_cast<uint16_t*>(sc + ScaleStage::kPair)[idx] = static_cast<uint16_t>(f1);
-          reinterpret_cast<uint32_t*>(sc + ScaleStage::kSplat)[idx] = f1 * 0x10001u;
+          reinterpret_cast<float*>(sc + ScaleStage::kScore)[idx] = e8m0_to_float(e[i]);
           reinterpret_cast<uint16_t*>(sc + ScaleStage::kSecond)[idx] = static_cast<uint16_t>(f2);
           wide |= f2 != kBf16One;
         }
