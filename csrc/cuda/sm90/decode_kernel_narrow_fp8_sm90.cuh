@@ -176,10 +176,6 @@ constexpr int kCodeEmptyArrivals = 4 + 8;  // scorer warps + value warps
 // 5 column blocks of 32 rows (the hi terms of heads 0..15, then the mid
 // terms) x 128 codes, 128-byte swizzled (B of QK: K-major). Called by the
 // 128 threads of one warpgroup (tid 0..127); the caller fences and syncs.
-// kMxOrder: the MXFP4 register-V kernel's K order instead of dim order
-// (decode_kernel_narrow_mxfp4_sm90.cuh): in each 32-dim block, the even dims
-// 8c + 2i at positions 4c + i, the odd dims 8c + 2i + 1 at 16 + 4c + i.
-template <bool kMxOrder = false>
 __device__ __forceinline__ void store_q_e4m3_terms(const MlaDecodeParams& p, const WorkItem& work, int tid,
                                                    uint32_t q_smem, float* q_scale) {
   // Thread tid handles head tid / 8,
@@ -218,24 +214,8 @@ __device__ __forceinline__ void store_q_e4m3_terms(const MlaDecodeParams& p, con
       hi[i >> 1] |= h2 << (16 * (i & 1));
       mid[i >> 1] |= m2 << (16 * (i & 1));
     }
-    const int j = c8 + 8 * m;
-    if constexpr (kMxOrder) {
-      // Chunk j = dims 8j..8j+7 = block j / 4, c = j % 4: its even dims are 4 bytes
-      // at 16-byte chunk 2 (block % 4) of the 128-code row, its odd dims at the
-      // next chunk, both at byte 4c (4 blocks per column block).
-      const uint32_t words[4] = {prmt(hi[0], hi[1], 0x6420), prmt(hi[0], hi[1], 0x7531),
-                                 prmt(mid[0], mid[1], 0x6420), prmt(mid[0], mid[1], 0x7531)};
-      const int blk4 = (j >> 2) & 3;
-      const uint32_t base = q_smem + (j >> 4) * kQtBlockBytes + 4 * (j & 3);
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const int r = (w < 2 ? 0 : kRows) + row, chunk = 2 * blk4 + (w & 1);
-        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(base + r * 128 + ((chunk ^ (r & 7)) << 4)), "r"(words[w])
-                     : "memory");
-      }
-      continue;
-    }
     // Chunk j = c8 + 8m: dims 8j..8j+7, bytes 8 (j % 16).. of column block j / 16.
+    const int j = c8 + 8 * m;
     const uint32_t blk = q_smem + (j >> 4) * kQtBlockBytes + 8 * (j & 1);
     const uint32_t a_hi = blk + row * 128 + ((((j & 15) >> 1) ^ (row & 7)) << 4);
     const uint32_t a_mid = blk + (kRows + row) * 128 + ((((j & 15) >> 1) ^ ((kRows + row) & 7)) << 4);

@@ -100,7 +100,7 @@ constexpr int kThreads = 384;
 constexpr int kBoxBytes = kTileTokens * 128;         // 8192: 64 keys x 128 code bytes (8 MX blocks)
 constexpr int kBoxes = 3;                            // code bytes 0..383 (288.. zero-filled)
 constexpr int kStageBytes = kBoxes * kBoxBytes;      // 24576: one TMA transaction
-constexpr int kStages = 5;
+constexpr int kStages = 4;  // 72 KB of codes in flight per SM (a power of two: cheap t % kStages)
 constexpr int kBlocks = kMxBlocksPerRow;             // 18 MX blocks per key (16 of V)
 constexpr int kQkChunks = kBlocks / 2;               // 9: two blocks (4 k-steps) per ldmatrix
 constexpr int kValueMTiles = kHeadDimV / 2 / 64;     // 4 M tiles of 64 dims per value warpgroup
@@ -122,8 +122,8 @@ enum NamedBarrier : int {
 // One stage's block scales, as the stager writes them (offsets in bytes).
 struct ScaleStage {
   static constexpr int kPair = 0;                                      // u16 [18][64]: f1 of (block, key)
-  static constexpr int kScore = kPair + kBlocks * kTileTokens * 2;     // f32 [18][64]: 2^(E-127) for QK
-  static constexpr int kSecond = kScore + kBlocks * kTileTokens * 4;   // u16 [18][64]: f2 (1 if unused)
+  static constexpr int kSplat = kPair + kBlocks * kTileTokens * 2;     // u32 [18][64]: f1 in both halves
+  static constexpr int kSecond = kSplat + kBlocks * kTileTokens * 4;   // u16 [18][64]: f2 (1 if unused)
   static constexpr int kWide = kSecond + kBlocks * kTileTokens * 2;    // u32 [8]: stager warp saw f2 != 1
   static constexpr int kBytes = kWide + kValueWarps * 4;
 };
@@ -131,7 +131,7 @@ static_assert(ScaleStage::kWide % 16 == 0 && ScaleStage::kBytes % 16 == 0, "16-b
 
 struct Smem {
   static constexpr int kQ = 0;
-  static constexpr int kCodes = kQ + narrow_fp8::kCodeBlocks * narrow_fp8::kQtBlockBytes;  // Q's two e4m3 terms
+  static constexpr int kCodes = kQ + kColBlocks * kQBlockBytes;
   static constexpr int kPt = kCodes + kStages * kStageBytes;
   static constexpr int kScales = kPt + kPBufs * kQBlockBytes;
   static constexpr int kAlpha = kScales + kStages * ScaleStage::kBytes;  // [kPBufs][16] fp32
@@ -140,8 +140,7 @@ struct Smem {
   static constexpr int kMaxX = kRescale + 16;                             // [2 tiles][4 warps][16] fp32
   static constexpr int kSumX = kMaxX + 2 * 4 * kRows * 4;                 // [4 warps][16] fp32
   static constexpr int kOutScale = kSumX + 4 * kRows * 4;                 // [16] fp32: 1 / l
-  static constexpr int kQScale = kOutScale + kRows * 4;                   // [16] fp32: Q's per-head 2^-e
-  static constexpr int kBars = kQScale + kRows * 4;
+  static constexpr int kBars = kOutScale + kRows * 4;
   static constexpr int kBarCodeFull = 0;                                  // + stage
   static constexpr int kBarCodeEmpty = kStages;                           // + stage
   static constexpr int kBarPFull = 2 * kStages;                           // + buffer
@@ -188,11 +187,6 @@ __device__ __forceinline__ void store_q_mx_order(const MlaDecodeParams& p, const
   }
 }
 
-__device__ __forceinline__ uint32_t opaque_u32(uint32_t x) {
-  asm volatile("" : "+r"(x));
-  return x;
-}
-
 // The bf16 pair (codes P, P + 4 of the 8 in w) times the bf16 pair f.
 template <int P>
 __device__ __forceinline__ uint32_t mx_scaled_pair(uint32_t w, uint32_t f) {
@@ -202,41 +196,16 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t x, uint32_t f) {
   return bf16x2_bits(__hmul2(bits_bf16x2(x), bits_bf16x2(f)));
 }
 
-// E2M1 codes to e4m3 bytes of code * 2^-6, exactly (a code's magnitude bits
-// placed at e4m3 bits 2-4 are its exponent and mantissa shifted by 6 binades,
-// code 1 = 0.5 landing on the subnormal 2^-7): the low nibbles of w's four
-// bytes (kHigh false: codes 0, 2, 4, 6 of the 8 in w) or the high nibbles
-// (codes 1, 3, 5, 7).
-template <bool kHigh>
-__device__ __forceinline__ uint32_t e2m1x4_to_e4m3(uint32_t w) {
-  if constexpr (kHigh) return ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);
-  else return ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u);
-}
-
-// 2^(E-127) as fp32 for QK's per-block promotion (kNoScale: 0; 255: NaN;
-// E = 0 is the subnormal 2^-127, which the fast-math FFMA flushes: a block
-// scaled by it adds at most ~1e-35 to a score).
-__device__ __forceinline__ float e8m0_to_float(uint32_t e) {
-  if (e == kNoScale) return 0.f;
-  if (e == 255u) return CUDART_NAN_F;
-  return __uint_as_float(e == 0u ? 0x00400000u : e << 23);
-}
-
 // The two bf16 factors of an E8M0 byte e (kNoScale: a zero row): f1 * f2 =
 // 2^(E-1), f2 = 1 unless 128 < E < 255 (see the top); E = 255 gives NaN.
 __device__ __forceinline__ void e8m0_factors(uint32_t e, uint32_t& f1, uint32_t& f2) {
-  f2 = kBf16One;
-  if (e == kNoScale) {
-    f1 = 0u;
-  } else if (e <= 128u) {
-    f1 = (e + 126u) << 7;
-  } else if (e == 255u) {
-    f1 = 0x7FC0u;
-  } else {
-    const uint32_t t = e - 1u, e1 = t >> 1, e2 = t - e1;  // both in [64, 127]
-    f1 = (e1 + 127u) << 7;
-    f2 = (e2 + 127u) << 7;
-  }
+  // Selects, not branches (the stager runs this 5 times per tile).
+  const bool two = e > 128u && e < 255u;
+  const uint32_t t = e - 1u, e1 = t >> 1;  // two factors: 2^e1 * 2^(t - e1), both in [64, 127]
+  f1 = two ? (e1 + 127u) << 7 : (e + 126u) << 7;
+  f1 = e == 255u ? 0x7FC0u : f1;
+  f1 = e == kNoScale ? 0u : f1;
+  f2 = two ? (t - e1 + 127u) << 7 : kBf16One;
 }
 
 // kv_map: the tensor map over the cache codes (dims {288, cache rows}, boxes
@@ -296,86 +265,95 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == 0) {
     // ============================== scorer ===================================
-    float* q_scale = reinterpret_cast<float*>(smem + Smem::kQScale);
-    narrow_fp8::store_q_e4m3_terms<true>(p, work, tid, q_smem, q_scale);
+    store_q_mx_order(p, work, tid, q_smem);
     fence_proxy_async_shared();
     bar_sync(kBarQ, 128);
 
     // Accumulator layout (m64n16 of fp32): s[4j + 2r + e] = (key 16 warp + g
     // + 8r, head 8j + 2c + e); this thread's heads hd[2j + e] = 8j + 2c + e.
     const int key0 = 16 * warp + g;
-    float head_scale[4];  // log2-domain score scale per head: times Q's 2^-e and the codes' 2^6
-    {
-      const float scale = p.sm_scale * 1.4426950408889634f * 64.f;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) head_scale[i] = scale * q_scale[8 * (i >> 1) + 2 * c + (i & 1)];
-    }
+    const float head_scale = p.sm_scale * 1.4426950408889634f;  // log2 domain
     float m_run[4] = {-CUDART_INF_F, -CUDART_INF_F, -CUDART_INF_F, -CUDART_INF_F};
     float l_part[4] = {0.f, 0.f, 0.f, 0.f};  // this thread's keys only (reduced at the end)
     // ldmatrix rows: lane l gives row l % 8 of matrix l / 8 = (keys 16 warp +
-    // 8 (l / 8 % 2).., block ks + l / 16 of the k-step pair ks, ks + 1).
-    // For an even ks, block ks + mi / 2 is chunk (ks % 8) ^ (mi / 2) of box ks /
-    // 8 (ks % 8 is even), so the lane's swizzled offset is qk_off[(ks % 8) / 2].
+    // 8 (l / 8 % 2).., block 2 ch + l / 16 of chunk ch). Block 2ch + l / 16 is
+    // 16-byte chunk (2ch % 8) ^ (l / 16) of box ch / 4 (2ch % 8 is even), so
+    // the lane's swizzled offset in the box is qk_off[ch % 4].
     const int mi = lane >> 3, ri = lane & 7;
     uint32_t qk_off[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) qk_off[i] = (16 * warp + 8 * (mi & 1) + ri) * 128 + (((2 * i) ^ (mi >> 1) ^ ri) << 4);
 
-    for (int t = 0; t < n_tiles; ++t) {
-      const int stage = t % kStages;
-      const int buf = t % kPBufs;
-      // S^T = K Q^T, one MX block per k-step: its 32 codes of keys g, g + 8
-      // as e4m3 (code 2^-6) in registers, accumulated by the tensor cores from
-      // zero into acc[ks % 2] and added to s in fp32 times the keys' block
-      // scales (hi + mid / 16) while the next k-step runs.
-      float s[8];
-      {
-        mbar_wait(mbar(Smem::kBarCodeFull + stage), (t / kStages) & 1);
-        const uint32_t codes = codes_smem + stage * kStageBytes;
-        const float* score_scale =
-            reinterpret_cast<const float*>(scales + stage * ScaleStage::kBytes + ScaleStage::kScore);
-        // (Opaque per tile: 18 descriptors hoisted out of the loop would take 36 registers.)
-        const uint64_t desc_q0 = opaque(smem_desc_sw128(q_smem, 16, kSwizzleGroupBytes));
-        const uint32_t no_acc = opaque_u32(0u);  // d = A * B, see wgmma_m64n32k32_e4m3_rs
-        float acc[2][16];
+    // QK of one tile (kTwoFactors: the tile has blocks with 128 < E < 255,
+    // whose K words take the second factor too; a separate copy, so the
+    // common tile carries no test per chunk). Two A buffers: chunk ch + 1 is
+    // converted while chunk ch's group runs.
+    auto qk_tile = [&](auto two_factors, uint32_t codes, const uint8_t* sc, float(&s)[8]) {
+      constexpr bool kTwoFactors = decltype(two_factors)::value;
+      // Opaque per tile: the 36 descriptors hoisted out of the loop would take 72 registers.
+      const uint64_t desc_q0 = opaque(smem_desc_sw128(q_smem, 16, kSwizzleGroupBytes));
+      uint32_t abuf[2][16];  // A words of two chunks: [4 k-steps][a0..a3]
 #pragma unroll
-        for (int i = 0; i < 16; ++i) acc[0][i] = acc[1][i] = 0.f;
-        uint32_t a[2][4];
-        uint32_t r[4];  // keys g / g + 8 of block ks, then of block ks + 1 (ks even)
-        auto promote = [&](float(&x)[16], int blk) {
-          pin(x);
-          const float sc0 = score_scale[blk * kTileTokens + key0], sc1 = score_scale[blk * kTileTokens + key0 + 8];
+      for (int ch = 0; ch < kQkChunks; ++ch) {
+        uint32_t(&a)[16] = abuf[ch & 1];
+        uint32_t r[4];  // keys g / g + 8 of block 2ch, then of block 2ch + 1
+        ldmatrix_x4(r, codes + (ch / 4) * kBoxBytes + qk_off[ch % 4]);
 #pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            s[i] = fmaf(fmaf(x[8 + i], 1.f / narrow_fp8::kQMidScale, x[i]), (i & 2) ? sc1 : sc0, s[i]);
-          }
-          pin(s);  // summed before the next wgmma is issued: x's registers are then free
-        };
+        for (int bb = 0; bb < 2; ++bb) {
+          const int blk = 2 * ch + bb;
+          const uint32_t* splat = reinterpret_cast<const uint32_t*>(sc + ScaleStage::kSplat) + blk * kTileTokens;
+          const uint32_t f_lo = splat[key0], f_hi = splat[key0 + 8];
+          // k-step 2bb + kk of the chunk: a0 / a1 = pair 2kk of keys g / g +
+          // 8, a2 / a3 = pair 2kk + 1.
+          a[8 * bb + 0] = mx_scaled_pair<0>(r[2 * bb], f_lo);
+          a[8 * bb + 1] = mx_scaled_pair<0>(r[2 * bb + 1], f_hi);
+          a[8 * bb + 2] = mx_scaled_pair<1>(r[2 * bb], f_lo);
+          a[8 * bb + 3] = mx_scaled_pair<1>(r[2 * bb + 1], f_hi);
+          a[8 * bb + 4] = mx_scaled_pair<2>(r[2 * bb], f_lo);
+          a[8 * bb + 5] = mx_scaled_pair<2>(r[2 * bb + 1], f_hi);
+          a[8 * bb + 6] = mx_scaled_pair<3>(r[2 * bb], f_lo);
+          a[8 * bb + 7] = mx_scaled_pair<3>(r[2 * bb + 1], f_hi);
+          if constexpr (kTwoFactors) {
+            const uint16_t* second = reinterpret_cast<const uint16_t*>(sc + ScaleStage::kSecond) + blk * kTileTokens;
+            const uint32_t s_lo = 0x10001u * second[key0], s_hi = 0x10001u * second[key0 + 8];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) s[i] = 0.f;
-#pragma unroll
-        for (int ks = 0; ks < kBlocks; ++ks) {
-          if (ks % 2 == 0) ldmatrix_x4(r, codes + (ks / 8) * kBoxBytes + qk_off[(ks % 8) / 2]);
-          const int bb = ks & 1;
-          uint32_t(&ak)[4] = a[ks & 1];
-          ak[0] = e2m1x4_to_e4m3<false>(r[2 * bb]);      // row g: positions 4c.. (even dims)
-          ak[1] = e2m1x4_to_e4m3<false>(r[2 * bb + 1]);  // row g + 8
-          ak[2] = e2m1x4_to_e4m3<true>(r[2 * bb]);       // row g: positions 16 + 4c.. (odd dims)
-          ak[3] = e2m1x4_to_e4m3<true>(r[2 * bb + 1]);
-          wgmma_fence();
-          // Block ks: column block ks / 4 of Q's terms, 32 bytes per block.
-          wgmma_m64n32k32_e4m3_rs(acc[ks & 1], ak,
-                                  desc_q0 + (((ks / 4) * narrow_fp8::kQtBlockBytes + (ks % 4) * 32) >> 4), no_acc);
-          wgmma_commit();
-          if (ks >= 1) {
-            wgmma_wait<1>();  // k-step ks - 1 complete (and its A registers free)
-            promote(acc[(ks - 1) & 1], ks - 1);
+            for (int i = 0; i < 8; i += 2) {
+              a[8 * bb + i] = bf16x2_mul(a[8 * bb + i], s_lo);
+              a[8 * bb + i + 1] = bf16x2_mul(a[8 * bb + i + 1], s_hi);
+            }
           }
         }
-        wgmma_wait<0>();
-        promote(acc[(kBlocks - 1) & 1], kBlocks - 1);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const uint32_t(&ak)[4] = *reinterpret_cast<const uint32_t(*)[4]>(a + 4 * k);
+          // Positions 64 ch + 16 k..: column block ch, 32 bytes per k-step.
+          const uint64_t desc_q = desc_q0 + ((ch * kQBlockBytes + k * 32) >> 4);
+          if (ch == 0 && k == 0) wgmma_m64n16k16_rs<false, false>(s, ak, desc_q);
+          else wgmma_m64n16k16_rs<false, true>(s, ak, desc_q);
+        }
+        wgmma_commit();
+        // The previous chunk's group is complete: its A buffer is free.
+        if (ch >= 1 && ch + 1 < kQkChunks) wgmma_wait<1>();
+      }
+      wgmma_wait<0>();
+      pin(s);
+    };
+
+    uint32_t stage = 0, phase = 0;  // tile t's code stage and its mbarrier parity
+    for (int t = 0; t < n_tiles; ++t) {
+      const int buf = t % kPBufs;
+      float s[8];
+      {
+        mbar_wait(mbar(Smem::kBarCodeFull + stage), phase);
+        const uint32_t codes = codes_smem + stage * kStageBytes;
+        const uint8_t* sc = scales + stage * ScaleStage::kBytes;
+        if (stage_is_wide(stage)) qk_tile(std::true_type{}, codes, sc, s);
+        else qk_tile(std::false_type{}, codes, sc, s);
         __syncwarp();
         if (lane == 0) mbar_arrive(mbar(Smem::kBarCodeEmpty + stage));  // this warp's reads are done
+        stage = stage + 1 == kStages ? 0 : stage + 1;
+        phase ^= stage == 0 ? 1u : 0u;
       }
 
       // Masks: keys past the split -inf, rows outside the cache (their codes
@@ -390,7 +368,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const bool is_bad = row < 0 || row >= p.num_cache_rows;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {  // i = 2j + e
-          float v = s[4 * (i >> 1) + 2 * r + (i & 1)] * head_scale[i];
+          float v = s[4 * (i >> 1) + 2 * r + (i & 1)] * head_scale;
           v = past ? -CUDART_INF_F : (is_bad ? CUDART_NAN_F : v);
           s[4 * (i >> 1) + 2 * r + (i & 1)] = v;
           over |= v > m_run[i] + kLazyLog2;
@@ -464,7 +442,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           e8m0_factors(e[i], f1, f2);
           const int idx = blk * kTileTokens + st_key;
           reinterpret_cast<uint16_t*>(sc + ScaleStage::kPair)[idx] = static_cast<uint16_t>(f1);
-          reinterpret_cast<float*>(sc + ScaleStage::kScore)[idx] = e8m0_to_float(e[i]);
+          reinterpret_cast<uint32_t*>(sc + ScaleStage::kSplat)[idx] = f1 * 0x10001u;
           reinterpret_cast<uint16_t*>(sc + ScaleStage::kSecond)[idx] = static_cast<uint16_t>(f2);
           wide |= f2 != kBf16One;
         }
@@ -511,7 +489,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_wait(mbar(Smem::kBarCodeFull + stage), (t / kStages) & 1);
       const uint32_t codes = codes_smem + stage * kStageBytes + vwg * kBoxBytes;
       const uint8_t* sc = scales + stage * ScaleStage::kBytes;
-      const bool wide = stage_is_wide(stage);
 #pragma unroll
       for (int bb = 0; bb < 2; ++bb) {
         const int blk = b0 + bb;
@@ -528,14 +505,23 @@ __global__ void __launch_bounds__(kThreads, 1)
             a[2 * bb][kk][col + 1] = mx_scaled_pair<1>(r[q], f);
             a[2 * bb + 1][kk][col] = mx_scaled_pair<2>(r[q], f);
             a[2 * bb + 1][kk][col + 1] = mx_scaled_pair<3>(r[q], f);
-            if (wide) {
-              const uint32_t f2 =
-                  reinterpret_cast<const uint32_t*>(sc + ScaleStage::kSecond + 2 * blk * kTileTokens)[4 * m + c];
-              a[2 * bb][kk][col] = bf16x2_mul(a[2 * bb][kk][col], f2);
-              a[2 * bb][kk][col + 1] = bf16x2_mul(a[2 * bb][kk][col + 1], f2);
-              a[2 * bb + 1][kk][col] = bf16x2_mul(a[2 * bb + 1][kk][col], f2);
-              a[2 * bb + 1][kk][col + 1] = bf16x2_mul(a[2 * bb + 1][kk][col + 1], f2);
-            }
+          }
+        }
+      }
+      if (stage_is_wide(stage)) {
+        // Rare: blocks with 128 < E < 255 take their second factor (f2 = 1 elsewhere).
+#pragma unroll
+        for (int bb = 0; bb < 2; ++bb) {
+          const uint32_t* second =
+              reinterpret_cast<const uint32_t*>(sc + ScaleStage::kSecond + 2 * (b0 + bb) * kTileTokens);
+#pragma unroll
+          for (int m = 0; m < 8; ++m) {
+            const int kk = m >> 1, col = 2 * (m & 1);
+            const uint32_t f2 = second[4 * m + c];
+            a[2 * bb][kk][col] = bf16x2_mul(a[2 * bb][kk][col], f2);
+            a[2 * bb][kk][col + 1] = bf16x2_mul(a[2 * bb][kk][col + 1], f2);
+            a[2 * bb + 1][kk][col] = bf16x2_mul(a[2 * bb + 1][kk][col], f2);
+            a[2 * bb + 1][kk][col + 1] = bf16x2_mul(a[2 * bb + 1][kk][col + 1], f2);
           }
         }
       }

@@ -101,27 +101,6 @@ __device__ __forceinline__ void wgmma_m64n16k32_e4m3_rs(float (&d)[8], const uin
 #endif
 }
 
-// d (64 x 32) (+)= A (64 x 32, registers) * B (32 x 32, shared, K-major),
-// accumulating where `accumulate` (a register, not folded) is nonzero. The
-// MXFP4 register-V kernel's QK passes 0 (one MX block per k-step, each summed
-// in fp32 with its block scale): d is then overwritten, but the instruction
-// still names d as an input, so ptxas keeps d in the same registers and
-// issues the previous reads of d (the fp32 sums) before it; with a write-only
-// d it renamed the accumulator and deferred those sums over several k-steps,
-// holding ~5 accumulators live (spills).
-__device__ __forceinline__ void wgmma_m64n32k32_e4m3_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b,
-                                                        uint32_t accumulate) {
-#if MLA_SM90A_DEVICE
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
-#endif
-}
-
 // d (64 x N) (+)= A (64 x 32, shared, K-major) * B (32 x N, shared, K-major):
 // the two shapes the QK step uses (N = 32 for Q's mid|lo terms, N = 16 for hi).
 template <bool kAccumulate>
