@@ -1,3 +1,13 @@
+// STATUS (session 16): an experiment kept as docs/experiments/mxfp4-register-v.patch,
+// not merged. Correct (the MXFP4 child suite of test_gpu.py passed with it, including
+// block scales across the E8M0 range) but slower than the narrow kernel's producers
+// at every shape from 4 x 8192 up: b256/kv8192 566-588 us against 479-482 (session
+// 16 runs 1, 2 and 4; performance.md). Each code is converted twice (as K by the
+// scorer, as V^T by the value warpgroups) at ~2.5 integer-pipe instructions per
+// code, and with three warps per scheduler the conversions' dependency chains
+// leave the SM issuing ~0.55 instructions per cycle (ncu, run 3): the value
+// warpgroups bind (the scorer waits for P buffers 28% of its time).
+//
 // Split-KV MLA decode for an MXFP4 cache (indptr layout) on Hopper (sm_90a)
 // with few heads (H < 64, head groups of 16): the register-V structure of
 // decode_kernel_narrow_fp8_sm90.cuh for MXFP4, where the narrow kernel
