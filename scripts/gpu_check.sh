@@ -23,9 +23,8 @@
 #             (MLA_DECODE_*_KERNEL=wide), with the narrow kernel forced for
 #             fp8 / MXFP4 at H < 64, and for the fp8 cases on the opt-in
 #             Hopper kernel (MLA_DECODE_FP8_KERNEL=wgmma); the narrow pass with
-#             the f16 QK and the MXFP4 producers (MLA_DECODE_NARROW_QK=f16,
-#             MLA_DECODE_NARROW_MXFP4=producers), then MXFP4 and fp8 on their
-#             default register-V kernels (decode_kernel_narrow_{mxfp4,fp8}_sm90.cuh)
+#             the f16 QK (MLA_DECODE_NARROW_QK=f16), then fp8 on the default
+#             register-V kernel (decode_kernel_narrow_fp8_sm90.cuh)
 # GIT_COMMIT=<sha> labels the logs and the benchmark's output; pass it on the
 # lent device, whose copy of .git can be stale (else: git rev-parse HEAD).
 # Narrowing (for a second pass over one kernel in the same call):
@@ -102,20 +101,11 @@ for step in $steps; do
         r=$?; [ $r -ne 0 ] && rc=1
         echo "compute-sanitizer $tool (wide kernel forced): rc=$r $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_${tool}_wide.log" | tail -1)"
         # The Hopper narrow kernel (H < 64, fp8 and MXFP4), forced onto the small cases.
-        MLA_DECODE_FP8_KERNEL=narrow MLA_DECODE_MXFP4_KERNEL=narrow MLA_DECODE_NARROW_QK=f16 \
-          MLA_DECODE_NARROW_MXFP4=producers timeout "$SANITIZE_S" \
+        MLA_DECODE_FP8_KERNEL=narrow MLA_DECODE_MXFP4_KERNEL=narrow MLA_DECODE_NARROW_QK=f16 timeout "$SANITIZE_S" \
           compute-sanitizer --tool $tool --error-exitcode 9 python3 scripts/sanitize_cases.py ${SANITIZE_FORMATS:-} \
           > "$OUT/sanitize_${tool}_narrow.log" 2>&1
         r=$?; [ $r -ne 0 ] && rc=1
         echo "compute-sanitizer $tool (narrow kernel forced): rc=$r $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_${tool}_narrow.log" | tail -1)"
-        # The MXFP4 register-V narrow kernel (indptr layout: TMA-landed codes, bf16 in registers).
-        case " ${SANITIZE_FORMATS:-mxfp4} " in
-          *" mxfp4 "*)
-            MLA_DECODE_MXFP4_KERNEL=narrow timeout "$SANITIZE_S" compute-sanitizer --tool $tool \
-              --error-exitcode 9 python3 scripts/sanitize_cases.py mxfp4 > "$OUT/sanitize_${tool}_mxregv.log" 2>&1
-            r=$?; [ $r -ne 0 ] && rc=1
-            echo "compute-sanitizer $tool (MXFP4, narrow register-V): rc=$r $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_${tool}_mxregv.log" | tail -1)" ;;
-        esac
         case " ${SANITIZE_FORMATS:-fp8} " in *" fp8 "*) ;; *) continue ;; esac
         MLA_DECODE_FP8_KERNEL=wgmma timeout "$SANITIZE_S" compute-sanitizer --tool $tool --error-exitcode 9 \
           python3 scripts/sanitize_cases.py fp8 > "$OUT/sanitize_${tool}_wgmma.log" 2>&1

@@ -218,7 +218,6 @@ def _child_env(**env_vars):
     env.pop("MLA_DECODE_MXFP4_KERNEL", None)
     env.pop("MLA_DECODE_SMEM_LIMIT", None)
     env.pop("MLA_DECODE_NARROW_QK", None)
-    env.pop("MLA_DECODE_NARROW_MXFP4", None)
     env.update(env_vars)
     return env
 
@@ -305,14 +304,13 @@ def test_fp8_and_mxfp4_on_the_narrow_kernel():
     those formats on the Hopper narrow kernel (by default MXFP4 takes it only from 16k query
     tokens x keys, fp8 only for long sequences): their tests of this file (the matrix, forced
     splits, odd head counts, NaN rows, bad indices, extreme block scales, alternating shapes)
-    and the graph replay test, in a child process that selects it; fp8 with the f16 QK and
-    MXFP4 with the producers' decode (MLA_DECODE_NARROW_QK=f16, MLA_DECODE_NARROW_MXFP4=producers:
-    the register-V kernels have their own tests below)."""
+    and the graph replay test, in a child process that selects it; fp8 with the f16 QK
+    (MLA_DECODE_NARROW_QK=f16: the register-V kernel has its own test below)."""
     _run_this_file_in_child("(fp8 or mxfp4 or odd_head or graph_replay) and not fnuz and not hopper and "
                             "not many_heads and not narrow and not bf16",
                             files=("test_torch_integration.py",),
                             MLA_DECODE_FP8_KERNEL="narrow", MLA_DECODE_MXFP4_KERNEL="narrow",
-                            MLA_DECODE_NARROW_QK="f16", MLA_DECODE_NARROW_MXFP4="producers")
+                            MLA_DECODE_NARROW_QK="f16")
 
 
 @pytest.mark.skipif(not _hopper_kernel_built(), reason="needs an H100/H200 and a build with TORCH_CUDA_ARCH_LIST 9.0a")
@@ -327,20 +325,6 @@ def test_fp8_on_the_narrow_kernel_with_e4m3_qk():
                             "not many_heads and not narrow and not bf16 and not mxfp4 and not cpu",
                             files=("test_torch_integration.py", "test_decode.py"),
                             MLA_DECODE_FP8_KERNEL="narrow", MLA_DECODE_NARROW_QK="e4m3")
-
-
-@pytest.mark.skipif(not _hopper_kernel_built(), reason="needs an H100/H200 and a build with TORCH_CUDA_ARCH_LIST 9.0a")
-def test_mxfp4_on_the_narrow_kernel_register_v():
-    """With the narrow kernel forced, MXFP4 calls of the indptr layout run its register-V form
-    (the default: TMA-landed codes converted to bf16 times the block scale in the registers of
-    the scorer for QK and of two value warpgroups for PV); the other layouts stay on the
-    producers' decode. The MXFP4 tests of this file (matrix, forced splits, NaN rows, large
-    logits, block scales across the E8M0 range, long items, alternating shapes), the graph
-    replay test and test_decode.py's CUDA MXFP4 tests, in a child process that selects it."""
-    _run_this_file_in_child("(mxfp4 or graph_replay) and not fnuz and not hopper and not many_heads and "
-                            "not narrow and not bf16 and not fp8 and not cpu",
-                            files=("test_torch_integration.py", "test_decode.py"),
-                            MLA_DECODE_MXFP4_KERNEL="narrow", MLA_DECODE_NARROW_MXFP4="registers")
 
 
 @pytest.mark.skipif(not _hopper_kernel_built(), reason="needs an H100/H200 and a build with TORCH_CUDA_ARCH_LIST 9.0a")

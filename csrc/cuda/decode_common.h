@@ -117,9 +117,8 @@ int narrow_smem_bytes();
 int narrow_tile_tokens();
 bool narrow_kernel_applies(const MlaDecodeParams& p, int smem_per_block_optin);
 bool narrow_kernel_forced(KvFormat format);
-// Whether a call the narrow kernel runs takes its register-V form (OCP fp8
-// with MLA_DECODE_NARROW_QK not "f16", or MXFP4 with MLA_DECODE_NARROW_MXFP4
-// not "producers"; indptr layout, tensor maps available).
+// Whether a call the narrow kernel runs takes its register-V form (OCP fp8,
+// indptr layout, tensor maps available, MLA_DECODE_NARROW_QK not "f16").
 bool narrow_register_v_applies(const MlaDecodeParams& p);
 cudaError_t launch_narrow(const DecodeLaunch& args, cudaStream_t stream);
 

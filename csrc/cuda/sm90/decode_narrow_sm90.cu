@@ -9,8 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "decode_kernel_narrow_fp8_sm90.cuh"    // includes the narrow kernel
-#include "decode_kernel_narrow_mxfp4_sm90.cuh"
+#include "decode_kernel_narrow_fp8_sm90.cuh"  // includes the narrow kernel
 #if MLA_NARROW_HAS_TMA
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #endif
@@ -42,18 +41,6 @@ bool narrow_e4m3_qk_requested() {
   return requested;
 }
 
-// MXFP4 calls that the narrow kernel runs with the indptr layout take its
-// register-V form (decode_kernel_narrow_mxfp4_sm90.cuh) unless
-// MLA_DECODE_NARROW_MXFP4=producers (read once per process) keeps the
-// producer warpgroups' decode into shared memory.
-bool narrow_mxfp4_registers_requested() {
-  static const bool requested = [] {
-    const char* v = std::getenv("MLA_DECODE_NARROW_MXFP4");
-    return v == nullptr || std::strcmp(v, "producers") != 0;
-  }();
-  return requested;
-}
-
 #if MLA_NARROW_HAS_TMA
 // The driver's tensor-map encoder, looked up once through the runtime (no
 // link against libcuda); null where the driver does not provide it.
@@ -79,17 +66,15 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 #endif
 
-// The register-V kernels' map over the cache codes: a 2-D uint8 tensor of
-// {row bytes (576 fp8 codes, 288 MXFP4 code pairs), num_cache_rows rows} with
-// the cache's row stride; boxes of 128 bytes x 64 rows (one column block of a
-// code stage), 128-byte swizzle (the wgmma operand layout); reads outside the
-// tensor fill zeros.
+// The register-V kernel's map over the cache codes: a 2-D uint8 tensor of
+// {576 codes, num_cache_rows rows} with the cache's row stride; boxes of 128
+// codes x 64 rows (one column block of a code stage), 128-byte swizzle (the
+// wgmma operand layout); reads outside the tensor fill zeros.
 cudaError_t encode_code_map(const MlaDecodeParams& p, sm90::CodeTensorMap* map) {
 #if MLA_NARROW_HAS_TMA
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
-  const int row_bytes = p.format == KvFormat::kMxfp4 ? kMxfp4RowBytes : kHeadDimQK;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(row_bytes), static_cast<cuuint64_t>(p.num_cache_rows)};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kHeadDimQK), static_cast<cuuint64_t>(p.num_cache_rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.kv_row_stride_bytes)};
   const cuuint32_t box[2] = {128, static_cast<cuuint32_t>(sm90::narrow::kTileTokens)};
   const cuuint32_t elem_strides[2] = {1, 1};
@@ -121,56 +106,43 @@ cudaError_t launch_narrow_register_v(const DecodeLaunch& args, const sm90::CodeT
                                   sm90::narrow_fp8::kThreads, kSmem, configured_devices, stream, args, map);
 }
 
-cudaError_t launch_narrow_register_v_mxfp4(const DecodeLaunch& args, const sm90::CodeTensorMap& map,
-                                           cudaStream_t stream) {
-  constexpr int kSmem = sm90::narrow_mx::Smem::kTotal;
-  static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
-  static unsigned long long configured_devices = 0;
-  return launch_with_dynamic_smem(sm90::narrow_mx::decode_narrow_mxfp4_kernel, split_grid(args),
-                                  sm90::narrow_mx::kThreads, kSmem, configured_devices, stream, args, map);
-}
-
 template <KvFormat F>
 cudaError_t launch_narrow_format(const DecodeLaunch& args, cudaStream_t stream) {
-  if (narrow_register_v_applies(args.p)) {
-    sm90::CodeTensorMap map{};
-    const cudaError_t err = encode_code_map(args.p, &map);
-    if (err != cudaSuccess) return err;
-    if constexpr (F == KvFormat::kMxfp4) return launch_narrow_register_v_mxfp4(args, map, stream);
-    else return launch_narrow_register_v(args, map, stream);
+  if constexpr (F == KvFormat::kFp8E4M3FN) {
+    if (narrow_register_v_applies(args.p)) {
+      sm90::CodeTensorMap map{};
+      const cudaError_t err = encode_code_map(args.p, &map);
+      if (err != cudaSuccess) return err;
+      return launch_narrow_register_v(args, map, stream);
+    }
   }
   return launch_narrow_f16<F>(args, stream);
 }
 
 }  // namespace
 
-// The register-V kernels (OCP fp8 unless MLA_DECODE_NARROW_QK=f16, MXFP4
-// unless MLA_DECODE_NARROW_MXFP4=producers) need contiguous rows (TMA reads
-// each tile as boxes of rows kv_indptr[b] + j) addressed by int32 tensor-map coordinates, at
+// The register-V kernel needs contiguous rows (TMA reads each tile as one box of
+// rows kv_indptr[b] + j) addressed by int32 tensor-map coordinates, at
 // least one cache row (an empty tensor map is invalid) and a row stride the
 // encoder accepts (a multiple of 16 bytes, checked by the caller, and at
 // least one row: a one-row cache may carry any stride).
 // Where the driver has no tensor-map encoder (or the toolkit no tensor maps)
-// such calls keep the narrow kernel. (Outside the anonymous namespace: the plan's
+// such calls keep the f16 QK. (Outside the anonymous namespace: the plan's
 // size threshold depends on it, decode_launch.cu.)
 bool narrow_register_v_applies(const MlaDecodeParams& p) {
 #if MLA_NARROW_HAS_TMA
-  const bool fp8 = p.format == KvFormat::kFp8E4M3FN && narrow_e4m3_qk_requested();
-  const bool mxfp4 = p.format == KvFormat::kMxfp4 && narrow_mxfp4_registers_requested();
-  const int row_bytes = p.format == KvFormat::kMxfp4 ? kMxfp4RowBytes : kHeadDimQK;
-  return (fp8 || mxfp4) && p.layout == KvLayout::kIndptr && p.num_cache_rows > 0 &&
-         p.num_cache_rows <= INT_MAX - 2 * sm90::narrow::kTileTokens && p.kv_row_stride_bytes >= row_bytes &&
-         p.kv_row_stride_bytes < (int64_t{1} << 40) && tensor_map_encoder() != nullptr;
+  return p.format == KvFormat::kFp8E4M3FN && p.layout == KvLayout::kIndptr && narrow_e4m3_qk_requested() &&
+         p.num_cache_rows > 0 && p.num_cache_rows <= INT_MAX - 2 * sm90::narrow::kTileTokens &&
+         p.kv_row_stride_bytes >= kHeadDimQK && p.kv_row_stride_bytes < (int64_t{1} << 40) &&
+         tensor_map_encoder() != nullptr;
 #else
   (void)p;
   return false;
 #endif
 }
 
-// The largest of the three kernels' layouts, so that a plan that fits fits either.
-int narrow_smem_bytes() {
-  return std::max({sm90::narrow::Smem::kTotal, sm90::narrow_fp8::Smem::kTotal, sm90::narrow_mx::Smem::kTotal});
-}
+// The larger of the two kernels' layouts, so that a plan that fits fits either.
+int narrow_smem_bytes() { return std::max(sm90::narrow::Smem::kTotal, sm90::narrow_fp8::Smem::kTotal); }
 
 int narrow_tile_tokens() { return sm90::narrow::kTileTokens; }
 

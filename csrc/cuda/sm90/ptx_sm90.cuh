@@ -261,40 +261,6 @@ __device__ __forceinline__ void wgmma_m64n16k16_f16_rs(float (&d)[8], const uint
 #endif
 }
 
-// The same for bf16 (kF16 false) or f16 operands, accumulating (kAccumulate)
-// or not (d = A * B: d is only written, so a chain of k-steps starts here).
-// The MXFP4 register-V kernel's QK (A = K) and PV (A = V^T) in bf16.
-template <bool kF16, bool kAccumulate>
-__device__ __forceinline__ void wgmma_m64n16k16_rs(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b) {
-#if MLA_SM90A_DEVICE
-#define MLA_WGMMA_RS16(TYPE, SCALE_D, CONSTRAINT)                                                              \
-  asm volatile("wgmma.mma_async.sync.aligned.m64n16k16.f32." TYPE "." TYPE " {" MLA_WGMMA_R8                 \
-               "}, {%8, %9, %10, %11}, %12, " SCALE_D ", 1, 1, 0;\n"                                            \
-               : CONSTRAINT(d[0]), CONSTRAINT(d[1]), CONSTRAINT(d[2]), CONSTRAINT(d[3]), CONSTRAINT(d[4]),    \
-                 CONSTRAINT(d[5]), CONSTRAINT(d[6]), CONSTRAINT(d[7])                                        \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b))
-  if constexpr (kF16 && kAccumulate) {
-    MLA_WGMMA_RS16("f16", "1", "+f");
-  } else if constexpr (kF16) {
-    MLA_WGMMA_RS16("f16", "0", "=f");
-  } else if constexpr (kAccumulate) {
-    MLA_WGMMA_RS16("bf16", "1", "+f");
-  } else {
-    MLA_WGMMA_RS16("bf16", "0", "=f");
-  }
-#undef MLA_WGMMA_RS16
-#endif
-}
-
-// Four 8x8 b16 matrices (not transposed): lane l supplies the row address of
-// matrix l / 8, row l % 8; lane (g, c) receives row g, elements 2c, 2c + 1 of
-// each matrix.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
 // Keeps the compiler from moving reads or writes of a register that an
 // in-flight wgmma uses across this point (wgmma is asynchronous; the compiler
 // only sees the asm statement that issues it).
