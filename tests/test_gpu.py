@@ -328,6 +328,19 @@ def test_fp8_on_the_narrow_kernel_with_e4m3_qk():
 
 
 @pytest.mark.skipif(not _hopper_kernel_built(), reason="needs an H100/H200 and a build with TORCH_CUDA_ARCH_LIST 9.0a")
+def test_bf16_on_the_narrow_kernel():
+    """MLA_DECODE_BF16_KERNEL=narrow puts every bf16 call with H < 64 and the indptr layout on
+    the narrow kernel (tiles landed by TMA straight into the wgmma operand layout, no decode;
+    the split's last tile has the rows past its end zeroed before PV); the other layouts stay on
+    the mma.sync kernel. The bf16 tests of this file (matrix, forced splits, large logits, NaN
+    rows, long items, alternating shapes, bad indices), the graph replay test and test_decode.py's
+    CUDA bf16 tests (a NaN inside an attended row among them), in a child process that selects it."""
+    _run_this_file_in_child("(bf16 or graph_replay) and not fnuz and not hopper and not many_heads and "
+                            "not narrow and not fp8 and not mxfp4 and not cpu",
+                            files=("test_torch_integration.py", "test_decode.py"), MLA_DECODE_BF16_KERNEL="narrow")
+
+
+@pytest.mark.skipif(not _hopper_kernel_built(), reason="needs an H100/H200 and a build with TORCH_CUDA_ARCH_LIST 9.0a")
 def test_bf16_many_heads_on_the_mma_sync_kernel():
     """MLA_DECODE_BF16_KERNEL=mma (read once per process) keeps H >= 64 bf16 calls on the
     mma.sync kernel: its bf16 tests of this file again, in a child process that selects it."""

@@ -49,7 +49,7 @@ def test_each_value_is_read_as_documented(switch_table, value, switch):
     for fmt in ("bf16", "fp8", "mxfp4"):
         assert table[fmt]["switch"] == switch, (fmt, value, table[fmt])
         assert table[fmt]["wide_forced"] == (1 if value == "wide" else 0), (fmt, value)
-        narrow = value == "narrow" and fmt in ("fp8", "mxfp4")  # bf16 has no narrow kernel
+        narrow = value == "narrow"  # bf16 too (session 16: TMA-landed tiles, indptr layout)
         assert table[fmt]["narrow_forced"] == (1 if narrow else 0), (fmt, value)
     # e4m3fnuz (an AMD format) has no switch and no Hopper kernel.
     assert table["fp8_fnuz"] == {"switch": BY_PLAN, "wide_forced": 0, "narrow_forced": 0}

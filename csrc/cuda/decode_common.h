@@ -120,6 +120,11 @@ bool narrow_kernel_forced(KvFormat format);
 // Whether a call the narrow kernel runs takes its register-V form (OCP fp8,
 // indptr layout, tensor maps available, MLA_DECODE_NARROW_QK not "f16").
 bool narrow_register_v_applies(const MlaDecodeParams& p);
+// Whether a bf16 call may run on the narrow kernel (its tiles land by TMA: the
+// indptr layout, tensor maps available; session 16 on, hence the macro for
+// scripts/plan_harness, which builds older trees too).
+#define MLA_DECODE_NARROW_BF16 1
+bool narrow_bf16_applies(const MlaDecodeParams& p);
 cudaError_t launch_narrow(const DecodeLaunch& args, cudaStream_t stream);
 
 // The compute capability of `dev` as 10 * major + minor in `cc`, queried once

@@ -51,7 +51,12 @@ int narrow_smem_bytes() { return sm90::narrow::Smem::kTotal; }
 #endif
 int narrow_tile_tokens() { return sm90::narrow::kTileTokens; }
 bool narrow_kernel_applies(const MlaDecodeParams& p, int smem_per_block_optin) {
-  const bool format_ok = p.format == KvFormat::kFp8E4M3FN || p.format == KvFormat::kMxfp4;
+#ifdef MLA_DECODE_NARROW_BF16  // session 16 on: bf16 of the indptr layout too (TMA-landed tiles)
+  const bool bf16_ok = p.format == KvFormat::kBf16 && p.layout == KvLayout::kIndptr;
+#else
+  const bool bf16_ok = false;
+#endif
+  const bool format_ok = p.format == KvFormat::kFp8E4M3FN || p.format == KvFormat::kMxfp4 || bf16_ok;
   return g_hopper && format_ok && p.num_heads < kWideRows && smem_per_block_optin >= narrow_smem_bytes();
 }
 bool narrow_kernel_forced(KvFormat) { return false; }

@@ -72,33 +72,6 @@
 //                  barrier or __syncthreads across the two roles here).
 #pragma once
 
-#include <cuda.h>
-
-// TMA tensor maps exist from CUDA 12.0; older toolkits compile this kernel
-// with an opaque stand-in for the kernel parameter, and the launcher never
-// selects it there (the narrow kernel's f16 QK takes its calls).
-#if defined(CUDA_VERSION) && CUDA_VERSION >= 12000
-#define MLA_NARROW_HAS_TMA 1
-namespace mla_decode {
-namespace cuda {
-namespace sm90 {
-using CodeTensorMap = CUtensorMap;
-}  // namespace sm90
-}  // namespace cuda
-}  // namespace mla_decode
-#else
-#define MLA_NARROW_HAS_TMA 0
-namespace mla_decode {
-namespace cuda {
-namespace sm90 {
-struct alignas(64) CodeTensorMap {
-  unsigned long long opaque[16];
-};
-}  // namespace sm90
-}  // namespace cuda
-}  // namespace mla_decode
-#endif
-
 #include "decode_kernel_narrow_sm90.cuh"
 
 namespace mla_decode {

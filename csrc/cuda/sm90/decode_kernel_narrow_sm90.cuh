@@ -50,6 +50,34 @@
 //
 #pragma once
 
+#include <cuda.h>
+
+// TMA tensor maps (the bf16 form's tiles, the fp8 register-V kernel's codes)
+// exist from CUDA 12.0; older toolkits compile these kernels with an opaque
+// stand-in for the kernel parameter, and the launcher never selects the TMA
+// forms there (narrow_register_v_applies, narrow_bf16_applies).
+#if defined(CUDA_VERSION) && CUDA_VERSION >= 12000
+#define MLA_NARROW_HAS_TMA 1
+namespace mla_decode {
+namespace cuda {
+namespace sm90 {
+using CodeTensorMap = CUtensorMap;
+}  // namespace sm90
+}  // namespace cuda
+}  // namespace mla_decode
+#else
+#define MLA_NARROW_HAS_TMA 0
+namespace mla_decode {
+namespace cuda {
+namespace sm90 {
+struct alignas(64) CodeTensorMap {
+  unsigned long long opaque[16];
+};
+}  // namespace sm90
+}  // namespace cuda
+}  // namespace mla_decode
+#endif
+
 #include <math_constants.h>
 
 #include <type_traits>
@@ -251,11 +279,16 @@ __device__ __forceinline__ void publish_row_sums(float (&l_part)[4], float* sum_
   }
 }
 
+// kv_map (bf16 only; the other formats ignore it): the tensor map over the
+// cache rows (dims {576, cache rows} bf16, boxes {64, 64}, 128-byte swizzle:
+// one column block of a slot per box; decode_narrow_sm90.cu encodes it).
 template <KvFormat F>
-__global__ void __launch_bounds__(kThreads, 1) decode_narrow_kernel(const DecodeLaunch args) {
-  constexpr bool kFp8 = F == KvFormat::kFp8E4M3FN;  // f16 operands; MXFP4: bf16
+__global__ void __launch_bounds__(kThreads, 1)
+    decode_narrow_kernel(const DecodeLaunch args, const __grid_constant__ CodeTensorMap kv_map) {
+  constexpr bool kFp8 = F == KvFormat::kFp8E4M3FN;  // f16 operands; MXFP4 and bf16: bf16
   constexpr bool kMx = F == KvFormat::kMxfp4;
-  static_assert(kFp8 || kMx, "OCP fp8 or MXFP4");
+  constexpr bool kBf16 = F == KvFormat::kBf16;     // tiles land by TMA, no producers' decode
+  static_assert(kFp8 || kMx || kBf16, "OCP fp8, MXFP4 or bf16");
 #if MLA_SM90A_DEVICE
   extern __shared__ __align__(1024) uint8_t smem[];
   const MlaDecodeParams& p = args.p;
@@ -283,7 +316,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_kernel(const Decode
   auto mbar = [&](int i) { return bars + 8 * i; };
   if (tid == 0) {
     for (int i = 0; i < kStages; ++i) {
-      mbar_init(mbar(kMbFull + i), kLoaderThreads);
+      mbar_init(mbar(kMbFull + i), kBf16 ? 1 : kLoaderThreads);  // bf16: the TMA issuer (+ bytes)
       mbar_init(mbar(kMbEmpty + i), 128);
     }
   }
@@ -315,7 +348,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_kernel(const Decode
       cp_async_wait<0>();
       if constexpr (kFp8) {
         scale_q_row_to_f16<8>(q_smem, row, c8, kQBlockBytes, q_scale);  // the head's 8 lanes: 8k..8k+7
-      } else {
+      } else if constexpr (kMx) {
         // MXFP4: each 8-dim group of Q into the producers' dim order (0, 4,
         // 1, 5, 2, 6, 3, 7) (mx_chunk_to_bf16_*); this thread's own chunks.
 #pragma unroll
@@ -394,8 +427,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_kernel(const Decode
       for (int r = 0; r < 2; ++r) {
         const int key = key0 + 8 * r;
         const bool past = tok0 + key >= kv_end;
-        const bool is_bad =
-            (bad_words[key / kTokensPerLoaderWarp] >> (kLoadersPerToken * (key % kTokensPerLoaderWarp))) & 1u;
+        bool is_bad;
+        if constexpr (kBf16) {
+          // Rows outside the cache (TMA zero-filled them).
+          const int64_t row = contiguous_base + tok0 + key;
+          is_bad = row < 0 || row >= p.num_cache_rows;
+        } else {
+          is_bad = (bad_words[key / kTokensPerLoaderWarp] >> (kLoadersPerToken * (key % kTokensPerLoaderWarp))) & 1u;
+        }
 #pragma unroll
         for (int i = 0; i < 4; ++i) {  // i = 2j + e
           float v = s[4 * (i >> 1) + 2 * r + (i & 1)] * head_scale[i];
@@ -418,6 +457,18 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_kernel(const Decode
           for (int mb = 0; mb < 8; ++mb) {
 #pragma unroll
             for (int i = 0; i < 8; ++i) o[mb][i] *= alpha[2 * (i >> 2) + (i & 1)];
+          }
+        }
+      }
+      if constexpr (kBf16) {
+        // The split's last tile: rows past its end may hold another item's
+        // keys or NaN (P = 0 times NaN would reach O^T), so dims 0..511 of
+        // those rows are zeroed before PV (the fence below covers the stores).
+        const int valid = kv_end - tok0;
+        if (valid < kTileTokens) {
+          for (int i = tid; i < (kTileTokens - valid) * 64; i += 128) {  // 8 column blocks x 8 chunks per row
+            const uint32_t addr = stage + (i % 64 / 8) * kBlockBytes + (valid + i / 64) * 128 + (i % 8) * 16;
+            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0u) : "memory");
           }
         }
       }
@@ -485,94 +536,115 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_kernel(const Decode
   } else {
     // ============================ producers ==================================
     setmaxnreg_inc<kProducerRegs>();
-    // Thread lt decodes key lt / 4 of a tile, code chunks lt % 4 + 4m: the
-    // wide kernel's value-warpgroup map (a warp reads 8 keys per instruction).
-    const int lt = tid - 128;
-    const int ld_token = lt / kLoadersPerToken, ld_c0 = lt % kLoadersPerToken;
-    const uint8_t* kv_base = static_cast<const uint8_t*>(p.kv);
-    const bool contiguous = p.layout == KvLayout::kIndptr;
-    const TileCodeLoader loader{p, kv_base, work.b, kv_begin, kv_end, ld_token, ld_c0, contiguous, contiguous_base};
-    // Two tiles of codes in flight: buffer b holds those of the tiles of
-    // parity b (36 fp8 / 27 MXFP4 registers each; session 11: one buffer left
-    // the loads of ~one tile in flight per SM, 7% slower at MXFP4's large
-    // shapes, and the register-destination loads ran at ~2.8 TB/s).
-    uint4 codes[2][kCodeChunks];     // fp8: 16 codes per chunk
-    uint2 mx_codes[2][kCodeChunks];  // MXFP4: 16 codes per chunk
-    uint32_t mx_e[2][kCodeChunks];   // MXFP4: the chunk's block scale byte
-    uint32_t codes_bad[2] = {};
-    // `buf` (an integral_constant) picks the register buffer at compile time.
-    auto fetch_tile = [&](auto buf, int tile) {
-      constexpr int B = decltype(buf)::value;
-      if (tile < n_tiles) {
-        const int64_t r = loader.key_row(tile);
-        codes_bad[B] = __ballot_sync(0xffffffffu, r == -1);
-        loader.fetch<kMx>(r, codes[B], mx_codes[B], mx_e[B]);
-      }
-    };
-    const uint32_t st_lo = kv_smem + ld_token * 128 + (((2 * ld_c0) ^ (ld_token & 7)) << 4);
-    const uint32_t st_hi = kv_smem + ld_token * 128 + (((2 * ld_c0 + 1) ^ (ld_token & 7)) << 4);
-    // A tile's codes decoded into registers (before its slot is free: only
-    // the stores wait for the consumer), then stored into the slot.
-    uint32_t dec[kCodeChunks][8];
-    uint32_t dec_bad = 0;
-    auto decode_tile = [&](auto buf) {
-      constexpr int B = decltype(buf)::value;
-      dec_bad = codes_bad[B];
-#pragma unroll
-      for (int m = 0; m < kCodeChunks; ++m) {
-        if constexpr (kMx) {
-          // 16 codes into dim positions (0, 4, 1, 5, 2, 6, 3, 7) of each
-          // 8-dim group: no reordering instructions.
-          const MxChunkBf16 d = mx_e[B][m] <= 128u ? mx_chunk_to_bf16<true>(mx_codes[B][m], mx_e[B][m])
-                                                   : mx_chunk_to_bf16_two_factors(mx_codes[B][m], mx_e[B][m]);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) dec[m][i] = d.w[i];
-        } else {
-          e4m3x8_to_f16(codes[B][m].x, codes[B][m].y, dec[m]);
-          e4m3x8_to_f16(codes[B][m].z, codes[B][m].w, dec[m] + 4);
-        }
-      }
-    };
-    auto store_tile = [&](int tile) {
-      if (tile < n_tiles) {
+    if constexpr (kBf16) {
+      // bf16 needs no decode: thread 0 of wg 1 lands each tile in its slot by
+      // TMA (9 boxes of 64 keys x 64 dims), tile t + 2 once tile t's PV is done.
+      if (tid != 128) return;
+      auto issue_tile = [&](int tile) {
         const int slot = tile % kStages;
-        if (lane == 0) flags[slot * kFlagWords + lt / 32] = dec_bad;
-        const uint32_t slot_off = slot * kStageBytes;
+        const uint32_t bar = mbar(kMbFull + slot);
+        const int y = static_cast<int>(contiguous_base + kv_begin + tile * kTileTokens);
+        mbar_arrive_expect_tx(bar, kStageBytes);
+#pragma unroll
+        for (int blk = 0; blk < kColBlocks; ++blk) {
+          tma_load_2d(kv_smem + slot * kStageBytes + blk * kBlockBytes, &kv_map, 64 * blk, y, bar);
+        }
+      };
+      for (int tile = 0; tile < kStages && tile < n_tiles; ++tile) issue_tile(tile);
+      for (int t = 0; t + kStages < n_tiles; ++t) {
+        mbar_wait(mbar(kMbEmpty + t % kStages), (t / kStages) & 1);  // tile t's PV is done
+        issue_tile(t + kStages);
+      }
+    } else {
+      // Thread lt decodes key lt / 4 of a tile, code chunks lt % 4 + 4m: the
+      // wide kernel's value-warpgroup map (a warp reads 8 keys per instruction).
+      const int lt = tid - 128;
+      const int ld_token = lt / kLoadersPerToken, ld_c0 = lt % kLoadersPerToken;
+      const uint8_t* kv_base = static_cast<const uint8_t*>(p.kv);
+      const bool contiguous = p.layout == KvLayout::kIndptr;
+      const TileCodeLoader loader{p, kv_base, work.b, kv_begin, kv_end, ld_token, ld_c0, contiguous, contiguous_base};
+      // Two tiles of codes in flight: buffer b holds those of the tiles of
+      // parity b (36 fp8 / 27 MXFP4 registers each; session 11: one buffer left
+      // the loads of ~one tile in flight per SM, 7% slower at MXFP4's large
+      // shapes, and the register-destination loads ran at ~2.8 TB/s).
+      uint4 codes[2][kCodeChunks];     // fp8: 16 codes per chunk
+      uint2 mx_codes[2][kCodeChunks];  // MXFP4: 16 codes per chunk
+      uint32_t mx_e[2][kCodeChunks];   // MXFP4: the chunk's block scale byte
+      uint32_t codes_bad[2] = {};
+      // `buf` (an integral_constant) picks the register buffer at compile time.
+      auto fetch_tile = [&](auto buf, int tile) {
+        constexpr int B = decltype(buf)::value;
+        if (tile < n_tiles) {
+          const int64_t r = loader.key_row(tile);
+          codes_bad[B] = __ballot_sync(0xffffffffu, r == -1);
+          loader.fetch<kMx>(r, codes[B], mx_codes[B], mx_e[B]);
+        }
+      };
+      const uint32_t st_lo = kv_smem + ld_token * 128 + (((2 * ld_c0) ^ (ld_token & 7)) << 4);
+      const uint32_t st_hi = kv_smem + ld_token * 128 + (((2 * ld_c0 + 1) ^ (ld_token & 7)) << 4);
+      // A tile's codes decoded into registers (before its slot is free: only
+      // the stores wait for the consumer), then stored into the slot.
+      uint32_t dec[kCodeChunks][8];
+      uint32_t dec_bad = 0;
+      auto decode_tile = [&](auto buf) {
+        constexpr int B = decltype(buf)::value;
+        dec_bad = codes_bad[B];
 #pragma unroll
         for (int m = 0; m < kCodeChunks; ++m) {
-          const uint32_t off = slot_off + m * kBlockBytes;
-          st_shared_v4(st_lo + off, dec[m]);
-          st_shared_v4(st_hi + off, dec[m] + 4);
+          if constexpr (kMx) {
+            // 16 codes into dim positions (0, 4, 1, 5, 2, 6, 3, 7) of each
+            // 8-dim group: no reordering instructions.
+            const MxChunkBf16 d = mx_e[B][m] <= 128u ? mx_chunk_to_bf16<true>(mx_codes[B][m], mx_e[B][m])
+                                                     : mx_chunk_to_bf16_two_factors(mx_codes[B][m], mx_e[B][m]);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) dec[m][i] = d.w[i];
+          } else {
+            e4m3x8_to_f16(codes[B][m].x, codes[B][m].y, dec[m]);
+            e4m3x8_to_f16(codes[B][m].z, codes[B][m].w, dec[m] + 4);
+          }
         }
-        fence_proxy_async_shared();
-        mbar_arrive(mbar(kMbFull + slot));
-      }
-    };
-    using Buf0 = std::integral_constant<int, 0>;
-    using Buf1 = std::integral_constant<int, 1>;
-    // Slots start empty: tiles 0 and 1 are stored without waiting. Then the
-    // codes of tile t + 2 are decoded, those of tile t + 4 fetched into the
-    // buffer just emptied, and tile t + 2 stored into tile t's slot once its
-    // PV is done.
-    fetch_tile(Buf0{}, 0);
-    fetch_tile(Buf1{}, 1);
-    decode_tile(Buf0{});
-    fetch_tile(Buf0{}, 2);
-    store_tile(0);
-    decode_tile(Buf1{});
-    fetch_tile(Buf1{}, 3);
-    store_tile(1);
-    for (int t = 0; t + 2 < n_tiles; t += 2) {
+      };
+      auto store_tile = [&](int tile) {
+        if (tile < n_tiles) {
+          const int slot = tile % kStages;
+          if (lane == 0) flags[slot * kFlagWords + lt / 32] = dec_bad;
+          const uint32_t slot_off = slot * kStageBytes;
+#pragma unroll
+          for (int m = 0; m < kCodeChunks; ++m) {
+            const uint32_t off = slot_off + m * kBlockBytes;
+            st_shared_v4(st_lo + off, dec[m]);
+            st_shared_v4(st_hi + off, dec[m] + 4);
+          }
+          fence_proxy_async_shared();
+          mbar_arrive(mbar(kMbFull + slot));
+        }
+      };
+      using Buf0 = std::integral_constant<int, 0>;
+      using Buf1 = std::integral_constant<int, 1>;
+      // Slots start empty: tiles 0 and 1 are stored without waiting. Then the
+      // codes of tile t + 2 are decoded, those of tile t + 4 fetched into the
+      // buffer just emptied, and tile t + 2 stored into tile t's slot once its
+      // PV is done.
+      fetch_tile(Buf0{}, 0);
+      fetch_tile(Buf1{}, 1);
       decode_tile(Buf0{});
-      fetch_tile(Buf0{}, t + 4);
-      mbar_wait(mbar(kMbEmpty + 0), (t / kStages) & 1);  // tile t (slot 0) is done
-      store_tile(t + 2);
-      if (t + 3 >= n_tiles) break;
+      fetch_tile(Buf0{}, 2);
+      store_tile(0);
       decode_tile(Buf1{});
-      fetch_tile(Buf1{}, t + 5);
-      mbar_wait(mbar(kMbEmpty + 1), (t / kStages) & 1);  // tile t + 1 (slot 1)
-      store_tile(t + 3);
-    }
+      fetch_tile(Buf1{}, 3);
+      store_tile(1);
+      for (int t = 0; t + 2 < n_tiles; t += 2) {
+        decode_tile(Buf0{});
+        fetch_tile(Buf0{}, t + 4);
+        mbar_wait(mbar(kMbEmpty + 0), (t / kStages) & 1);  // tile t (slot 0) is done
+        store_tile(t + 2);
+        if (t + 3 >= n_tiles) break;
+        decode_tile(Buf1{});
+        fetch_tile(Buf1{}, t + 5);
+        mbar_wait(mbar(kMbEmpty + 1), (t / kStages) & 1);  // tile t + 1 (slot 1)
+        store_tile(t + 3);
+      }
+    }  // fp8 / MXFP4 producers
   }
 #endif  // MLA_SM90A_DEVICE
 }

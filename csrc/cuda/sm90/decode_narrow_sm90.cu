@@ -24,8 +24,9 @@ namespace {
 // (narrow_kernel_pays_off: MXFP4 from 16k query tokens x keys, OCP fp8 from
 // 64k on the register-V kernel, else on long sequences only).
 HopperChoice narrow_choice(KvFormat format) {
-  return hopper_kernel_choice(format, format == KvFormat::kFp8E4M3FN || format == KvFormat::kMxfp4,
-                              KernelSwitch::kNarrow);
+  return hopper_kernel_choice(
+      format, format == KvFormat::kFp8E4M3FN || format == KvFormat::kMxfp4 || format == KvFormat::kBf16,
+      KernelSwitch::kNarrow);
 }
 
 // The OCP fp8 calls that the narrow kernel runs with the indptr layout take
@@ -66,19 +67,22 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 #endif
 
-// The register-V kernel's map over the cache codes: a 2-D uint8 tensor of
-// {576 codes, num_cache_rows rows} with the cache's row stride; boxes of 128
-// codes x 64 rows (one column block of a code stage), 128-byte swizzle (the
+// The TMA map over the cache rows: a 2-D tensor of {576 elements,
+// num_cache_rows rows} with the cache's row stride, uint8 codes (the fp8
+// register-V kernel) or 16-bit values (bf16 on the narrow kernel); boxes of
+// 128 bytes x 64 rows (one column block of a stage), 128-byte swizzle (the
 // wgmma operand layout); reads outside the tensor fill zeros.
 cudaError_t encode_code_map(const MlaDecodeParams& p, sm90::CodeTensorMap* map) {
 #if MLA_NARROW_HAS_TMA
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
+  const bool bf16 = p.format == KvFormat::kBf16;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kHeadDimQK), static_cast<cuuint64_t>(p.num_cache_rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.kv_row_stride_bytes)};
-  const cuuint32_t box[2] = {128, static_cast<cuuint32_t>(sm90::narrow::kTileTokens)};
+  const cuuint32_t box[2] = {bf16 ? 64u : 128u, static_cast<cuuint32_t>(sm90::narrow::kTileTokens)};
   const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(p.kv), dims, strides, box,
+  const CUresult r = encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_UINT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 2,
+                            const_cast<void*>(p.kv), dims, strides, box,
                             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
@@ -89,13 +93,15 @@ cudaError_t encode_code_map(const MlaDecodeParams& p, sm90::CodeTensorMap* map) 
 #endif
 }
 
+// The narrow kernel proper (fp8 with the f16 QK and MXFP4: producers' decode;
+// bf16: TMA-landed tiles, `map` over the cache; the others ignore it).
 template <KvFormat F>
-cudaError_t launch_narrow_f16(const DecodeLaunch& args, cudaStream_t stream) {
+cudaError_t launch_narrow_f16(const DecodeLaunch& args, const sm90::CodeTensorMap& map, cudaStream_t stream) {
   constexpr int kSmem = sm90::narrow::Smem::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
   static unsigned long long configured_devices = 0;
   return launch_with_dynamic_smem(sm90::narrow::decode_narrow_kernel<F>, split_grid(args), sm90::narrow::kThreads,
-                                  kSmem, configured_devices, stream, args);
+                                  kSmem, configured_devices, stream, args, map);
 }
 
 cudaError_t launch_narrow_register_v(const DecodeLaunch& args, const sm90::CodeTensorMap& map, cudaStream_t stream) {
@@ -108,15 +114,15 @@ cudaError_t launch_narrow_register_v(const DecodeLaunch& args, const sm90::CodeT
 
 template <KvFormat F>
 cudaError_t launch_narrow_format(const DecodeLaunch& args, cudaStream_t stream) {
-  if constexpr (F == KvFormat::kFp8E4M3FN) {
-    if (narrow_register_v_applies(args.p)) {
-      sm90::CodeTensorMap map{};
-      const cudaError_t err = encode_code_map(args.p, &map);
-      if (err != cudaSuccess) return err;
-      return launch_narrow_register_v(args, map, stream);
-    }
+  sm90::CodeTensorMap map{};
+  if (F == KvFormat::kBf16 || (F == KvFormat::kFp8E4M3FN && narrow_register_v_applies(args.p))) {
+    const cudaError_t err = encode_code_map(args.p, &map);
+    if (err != cudaSuccess) return err;
   }
-  return launch_narrow_f16<F>(args, stream);
+  if constexpr (F == KvFormat::kFp8E4M3FN) {
+    if (narrow_register_v_applies(args.p)) return launch_narrow_register_v(args, map, stream);
+  }
+  return launch_narrow_f16<F>(args, map, stream);
 }
 
 }  // namespace
@@ -141,6 +147,20 @@ bool narrow_register_v_applies(const MlaDecodeParams& p) {
 #endif
 }
 
+// bf16 on the narrow kernel: its tiles land by TMA (no producers' decode), so
+// it needs what the register-V kernel needs of the rows (above), for 1152-byte
+// rows.
+bool narrow_bf16_applies(const MlaDecodeParams& p) {
+#if MLA_NARROW_HAS_TMA
+  return p.format == KvFormat::kBf16 && p.layout == KvLayout::kIndptr && p.num_cache_rows > 0 &&
+         p.num_cache_rows <= INT_MAX - 2 * sm90::narrow::kTileTokens && p.kv_row_stride_bytes >= 2 * kHeadDimQK &&
+         p.kv_row_stride_bytes < (int64_t{1} << 40) && tensor_map_encoder() != nullptr;
+#else
+  (void)p;
+  return false;
+#endif
+}
+
 // The larger of the two kernels' layouts, so that a plan that fits fits either.
 int narrow_smem_bytes() { return std::max(sm90::narrow::Smem::kTotal, sm90::narrow_fp8::Smem::kTotal); }
 
@@ -149,6 +169,7 @@ int narrow_tile_tokens() { return sm90::narrow::kTileTokens; }
 bool narrow_kernel_applies(const MlaDecodeParams& p, int smem_per_block_optin) {
 #if defined(MLA_DECODE_SM90A)
   if (p.num_heads >= kWideRows || narrow_choice(p.format) == HopperChoice::kOff) return false;
+  if (p.format == KvFormat::kBf16 && !narrow_bf16_applies(p)) return false;  // TMA: indptr rows only
   return hopper_kernel_fits(p, narrow_smem_bytes(), smem_per_block_optin);
 #else
   (void)p;
@@ -163,6 +184,7 @@ cudaError_t launch_narrow(const DecodeLaunch& args, cudaStream_t stream) {
   switch (args.p.format) {
     case KvFormat::kFp8E4M3FN: return launch_narrow_format<KvFormat::kFp8E4M3FN>(args, stream);
     case KvFormat::kMxfp4: return launch_narrow_format<KvFormat::kMxfp4>(args, stream);
+    case KvFormat::kBf16: return launch_narrow_format<KvFormat::kBf16>(args, stream);
     default: return cudaErrorInvalidValue;  // a planning bug, reported by the dispatcher
   }
 }
