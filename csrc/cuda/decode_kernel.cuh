@@ -796,7 +796,7 @@ cudaError_t launch_split_kernel(const DecodeLaunch& args, cudaStream_t stream) {
     // Hopper, H >= 64: 64 heads per CTA on wgmma (sm90/decode_kernel_wide_sm90.cuh).
     if (args.wide) return launch_wide(args, stream);
   }
-  if constexpr (F == KvFormat::kFp8E4M3FN || F == KvFormat::kMxfp4) {
+  if constexpr (F == KvFormat::kBf16 || F == KvFormat::kFp8E4M3FN || F == KvFormat::kMxfp4) {
     // Hopper, H < 64: keys as the M of wgmma (sm90/decode_kernel_narrow_sm90.cuh).
     if (args.narrow) return launch_narrow(args, stream);
   }
