@@ -193,12 +193,18 @@ bool wide_kernel_pays_off(const MlaDecodeParams& p) {
 // forced narrow / planned, us): 64 x 1024 27.6, 25.7 / 29.6, 29.2;
 // 256 x 1024 63.8, 62.8 / 66.3; slower at 4 x 8192 (20.9-21.9 / 19.8-20.3)
 // and 32 x 1024 (20.6-21.5 / 19.3).
+// bf16 (TMA-landed tiles, indptr layout; session 16, run 6, forced narrow /
+// mma.sync, us): 32 x 8192 88.6, 90.4 / 93.4, 95.3; 64 x 8192 158.9, 160.8 /
+// 165.5, 166.2; 256 x 8192 578.8, 581.0 / 587.3, 588.5; the same within noise
+// at 4 x 8192, 32 x 1024 and 64 x 1024, slower at 256 x 1024 (91.6, 92.9 /
+// 90.1, 92.1): hence long sequences and at least 131072 query tokens x keys.
 bool narrow_kernel_pays_off(const MlaDecodeParams& p) {
   const int64_t kv_len = estimated_kv_len(p);
   const int64_t work = static_cast<int64_t>(p.total_q) * kv_len;
   if (p.format == KvFormat::kFp8E4M3FN) {
     return narrow_register_v_applies(p) ? work >= 65536 : kv_len >= 4096 && work >= 131072;
   }
+  if (p.format == KvFormat::kBf16) return kv_len >= 4096 && work >= 131072;
   return work >= 16384;
 }
 #endif
