@@ -21,7 +21,7 @@
 #             $SANITIZE_TOOLS (default: memcheck racecheck synccheck initcheck),
 #             again with the Hopper wide kernel forced for H >= 64
 #             (MLA_DECODE_*_KERNEL=wide), with the narrow kernel forced for
-#             fp8 / MXFP4 at H < 64, and for the fp8 cases on the opt-in
+#             fp8 / MXFP4 / bf16 at H < 64, and for the fp8 cases on the opt-in
 #             Hopper kernel (MLA_DECODE_FP8_KERNEL=wgmma); the narrow pass with
 #             the f16 QK (MLA_DECODE_NARROW_QK=f16), then fp8 on the default
 #             register-V kernel (decode_kernel_narrow_fp8_sm90.cuh)
@@ -101,7 +101,8 @@ for step in $steps; do
         r=$?; [ $r -ne 0 ] && rc=1
         echo "compute-sanitizer $tool (wide kernel forced): rc=$r $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_${tool}_wide.log" | tail -1)"
         # The Hopper narrow kernel (H < 64, fp8 and MXFP4), forced onto the small cases.
-        MLA_DECODE_FP8_KERNEL=narrow MLA_DECODE_MXFP4_KERNEL=narrow MLA_DECODE_NARROW_QK=f16 timeout "$SANITIZE_S" \
+        MLA_DECODE_FP8_KERNEL=narrow MLA_DECODE_MXFP4_KERNEL=narrow MLA_DECODE_BF16_KERNEL=narrow \
+          MLA_DECODE_NARROW_QK=f16 timeout "$SANITIZE_S" \
           compute-sanitizer --tool $tool --error-exitcode 9 python3 scripts/sanitize_cases.py ${SANITIZE_FORMATS:-} \
           > "$OUT/sanitize_${tool}_narrow.log" 2>&1
         r=$?; [ $r -ne 0 ] && rc=1
