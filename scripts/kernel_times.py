@@ -53,7 +53,9 @@ def main():
                 if ev.device_type != torch.autograd.DeviceType.CUDA:
                     continue
                 name = ev.name.lower()
-                kind = "flush" if "fill" in name else ("split" if "split_kernel" in name else
+                # The split kernel: the mma.sync one, or the Hopper wide / narrow / register-V ones.
+                is_split = any(k in name for k in ("split_kernel", "decode_narrow", "decode_wide", "wgmma_kernel"))
+                kind = "flush" if "fill" in name else ("split" if is_split else
                                                        ("combine" if "combine" in name else name[:40]))
                 marks[kind].append((ev.time_range.start, ev.time_range.end))
                 if kind != "flush":

@@ -1,9 +1,13 @@
-// Split-KV MLA decode for an OCP fp8 or MXFP4 cache on Hopper (sm_90a) with
-// few heads (H < 64, head groups of 16): the "narrow" kernel. The default for
-// MXFP4 from 16k query tokens x keys, for fp8 on long sequences only
-// (narrow_kernel_pays_off in decode_launch.cu; docs/performance.md). OCP fp8
-// with the indptr layout takes its register-V form instead
-// (decode_kernel_narrow_fp8_sm90.cuh) unless MLA_DECODE_NARROW_QK=f16.
+// Split-KV MLA decode for an OCP fp8, MXFP4 or bf16 cache on Hopper (sm_90a)
+// with few heads (H < 64, head groups of 16): the "narrow" kernel. The default
+// for MXFP4 from 16k query tokens x keys, for fp8 and bf16 on long sequences
+// only (narrow_kernel_pays_off in decode_launch.cu; docs/performance.md). OCP
+// fp8 with the indptr layout takes its register-V form instead
+// (decode_kernel_narrow_fp8_sm90.cuh) unless MLA_DECODE_NARROW_QK=f16. bf16
+// (indptr layout only) needs no decode: its tiles land by TMA straight into
+// the slot's layout below (one thread of wg 1 issues them; wg 1 and 2 do
+// nothing else), and the split's last tile has its rows past the end zeroed
+// before PV, since they may hold another item's keys or NaN.
 //
 // At H = 16 a wgmma with the heads as M (64 rows) would waste 3/4 of every
 // instruction, so the keys are M and the heads N:
