@@ -60,3 +60,36 @@ def test_each_format_reads_its_own_variable(switch_table):
     assert table["bf16"] == {"switch": WIDE, "wide_forced": 1, "narrow_forced": 0}
     assert table["fp8"] == {"switch": NARROW, "wide_forced": 0, "narrow_forced": 1}
     assert table["mxfp4"] == {"switch": MMA, "wide_forced": 0, "narrow_forced": 0}
+
+
+# The kernel the plan picks at each competition shape (H = 16, q_len 1, indptr layout) on an
+# H200-like device (132 SMs, 227 KB per block), as measured (docs/performance.md: the narrow
+# kernel for MXFP4 from run91, fp8's register-V form from run117, bf16's TMA form from run128).
+# A planning change that moves one of these must come with a measurement.
+COMPETITION_KERNELS = {
+    "bf16": {(4, 1024): "mma", (4, 8192): "mma", (32, 1024): "mma", (32, 8192): "narrow",
+             (64, 1024): "mma", (64, 8192): "narrow", (256, 1024): "mma", (256, 8192): "narrow"},
+    "fp8": {(4, 1024): "mma", (4, 8192): "mma", (32, 1024): "mma", (32, 8192): "narrow",
+            (64, 1024): "narrow", (64, 8192): "narrow", (256, 1024): "narrow", (256, 8192): "narrow"},
+    "mxfp4": {(4, 1024): "mma", (4, 8192): "narrow", (32, 1024): "narrow", (32, 8192): "narrow",
+              (64, 1024): "narrow", (64, 8192): "narrow", (256, 1024): "narrow", (256, 8192): "narrow"},
+}
+
+
+def test_competition_shapes_take_the_measured_kernels(tmp_path):
+    if NVCC is None:
+        pytest.skip("nvcc not found: the CUDA host code is not built here")
+    exe = tmp_path / "plan_table"
+    cmd = [NVCC, "-std=c++17", "-I", str(ROOT / "csrc"), str(ROOT / "scripts" / "plan_harness" / "plan_table.cu"),
+           "-o", str(exe)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    env = {k: v for k, v in os.environ.items() if k not in VARS}
+    table = subprocess.run([str(exe)], env=env, capture_output=True, text=True, timeout=120, check=True).stdout
+    fmt_ids = {"bf16": 0, "fp8": 1, "mxfp4": 3}  # KvFormat values
+    for fmt, kernels in COMPETITION_KERNELS.items():
+        for (batch, kv), kernel in kernels.items():
+            key = f"fmt{fmt_ids[fmt]} lay0 H16 B{batch} q1 kv{kv} req0 sm132 lim232448:"
+            lines = [line for line in table.splitlines() if line.startswith(key)]
+            assert len(lines) == 1, (key, lines)
+            assert lines[0].split(":")[1].split()[0] == kernel, (fmt, batch, kv, lines[0])
