@@ -114,33 +114,41 @@ cudaError_t launch_narrow_register_v(const DecodeLaunch& args, const sm90::CodeT
 
 template <KvFormat F>
 cudaError_t launch_narrow_format(const DecodeLaunch& args, cudaStream_t stream) {
+  const bool register_v = F == KvFormat::kFp8E4M3FN && narrow_register_v_applies(args.p);
   sm90::CodeTensorMap map{};
-  if (F == KvFormat::kBf16 || (F == KvFormat::kFp8E4M3FN && narrow_register_v_applies(args.p))) {
+  if (F == KvFormat::kBf16 || register_v) {
     const cudaError_t err = encode_code_map(args.p, &map);
     if (err != cudaSuccess) return err;
   }
-  if constexpr (F == KvFormat::kFp8E4M3FN) {
-    if (narrow_register_v_applies(args.p)) return launch_narrow_register_v(args, map, stream);
-  }
+  if (register_v) return launch_narrow_register_v(args, map, stream);
   return launch_narrow_f16<F>(args, map, stream);
 }
 
+#if MLA_NARROW_HAS_TMA
+// Whether encode_code_map can describe this call's cache for the TMA forms
+// (the fp8 register-V kernel, bf16 on the narrow kernel): contiguous rows (TMA
+// reads each tile as boxes of rows kv_indptr[b] + j) addressed by int32
+// tensor-map coordinates, at least one cache row (an empty tensor map is
+// invalid) and a row stride the encoder accepts (a multiple of 16 bytes,
+// checked by the caller, and at least one row of the format's bytes: a
+// one-row cache may carry any stride), and a driver with the encoder.
+bool tma_rows_addressable(const MlaDecodeParams& p, int64_t row_bytes) {
+  return p.layout == KvLayout::kIndptr && p.num_cache_rows > 0 &&
+         p.num_cache_rows <= INT_MAX - 2 * sm90::narrow::kTileTokens && p.kv_row_stride_bytes >= row_bytes &&
+         p.kv_row_stride_bytes < (int64_t{1} << 40) && tensor_map_encoder() != nullptr;
+}
+#endif
+
 }  // namespace
 
-// The register-V kernel needs contiguous rows (TMA reads each tile as one box of
-// rows kv_indptr[b] + j) addressed by int32 tensor-map coordinates, at
-// least one cache row (an empty tensor map is invalid) and a row stride the
-// encoder accepts (a multiple of 16 bytes, checked by the caller, and at
-// least one row: a one-row cache may carry any stride).
-// Where the driver has no tensor-map encoder (or the toolkit no tensor maps)
-// such calls keep the f16 QK. (Outside the anonymous namespace: the plan's
-// size threshold depends on it, decode_launch.cu.)
+// OCP fp8 takes the register-V kernel where its rows can be described to TMA
+// (tma_rows_addressable) and MLA_DECODE_NARROW_QK is not "f16"; elsewhere
+// (no tensor-map encoder, or a toolkit without tensor maps) such calls keep
+// the f16 QK. (Outside the anonymous namespace: the plan's size threshold
+// depends on it, decode_launch.cu.)
 bool narrow_register_v_applies(const MlaDecodeParams& p) {
 #if MLA_NARROW_HAS_TMA
-  return p.format == KvFormat::kFp8E4M3FN && p.layout == KvLayout::kIndptr && narrow_e4m3_qk_requested() &&
-         p.num_cache_rows > 0 && p.num_cache_rows <= INT_MAX - 2 * sm90::narrow::kTileTokens &&
-         p.kv_row_stride_bytes >= kHeadDimQK && p.kv_row_stride_bytes < (int64_t{1} << 40) &&
-         tensor_map_encoder() != nullptr;
+  return p.format == KvFormat::kFp8E4M3FN && narrow_e4m3_qk_requested() && tma_rows_addressable(p, kHeadDimQK);
 #else
   (void)p;
   return false;
@@ -148,13 +156,10 @@ bool narrow_register_v_applies(const MlaDecodeParams& p) {
 }
 
 // bf16 on the narrow kernel: its tiles land by TMA (no producers' decode), so
-// it needs what the register-V kernel needs of the rows (above), for 1152-byte
-// rows.
+// it needs rows TMA can address, of 1152 bytes.
 bool narrow_bf16_applies(const MlaDecodeParams& p) {
 #if MLA_NARROW_HAS_TMA
-  return p.format == KvFormat::kBf16 && p.layout == KvLayout::kIndptr && p.num_cache_rows > 0 &&
-         p.num_cache_rows <= INT_MAX - 2 * sm90::narrow::kTileTokens && p.kv_row_stride_bytes >= 2 * kHeadDimQK &&
-         p.kv_row_stride_bytes < (int64_t{1} << 40) && tensor_map_encoder() != nullptr;
+  return p.format == KvFormat::kBf16 && tma_rows_addressable(p, 2 * kHeadDimQK);
 #else
   (void)p;
   return false;
