@@ -341,6 +341,29 @@ def test_bf16_on_the_narrow_kernel():
 
 
 @pytest.mark.skipif(not _hopper_kernel_built(), reason="needs an H100/H200 and a build with TORCH_CUDA_ARCH_LIST 9.0a")
+@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+@pytest.mark.parametrize("cache_size", ["small", "above_3x_l2"])
+def test_tma_forms_with_and_without_the_l2_stream_hint(fmt, cache_size):
+    """The plan puts these calls on the TMA-landed narrow forms (bf16; fp8's register-V kernel)
+    and gives their tile loads the L2 evict_first policy when the cache is at most 3x L2
+    (kv_stream_hint_pays_off; tests/test_kernel_switches.py checks the plan): ragged items
+    totalling 32768 (bf16) / 65536 (fp8) keys take it, two items whose cache is just above 3x
+    L2 do not. Both forms must give the reference's result."""
+    l2 = torch.cuda.get_device_properties(DEV).L2_cache_size
+    row_bytes = 1152 if fmt == "bf16" else 576
+    if cache_size == "small":
+        lengths = [8192, 7999, 8300, 8277] * (1 if fmt == "bf16" else 2)
+        assert sum(lengths) * row_bytes <= 3 * l2
+    else:
+        n = 3 * l2 // row_bytes // 2 + 512
+        lengths = [n, n - 333]
+        assert sum(lengths) * row_bytes > 3 * l2
+    case = make_case(fmt, "indptr", 16, 1, lengths, seed=17, device=DEV)
+    out, lse = torch.ops.mla_decode.decode(*case.args(), 0)
+    check_against_reference(case, out, lse)
+
+
+@pytest.mark.skipif(not _hopper_kernel_built(), reason="needs an H100/H200 and a build with TORCH_CUDA_ARCH_LIST 9.0a")
 def test_bf16_many_heads_on_the_mma_sync_kernel():
     """MLA_DECODE_BF16_KERNEL=mma (read once per process) keeps H >= 64 bf16 calls on the
     mma.sync kernel: its bf16 tests of this file again, in a child process that selects it."""

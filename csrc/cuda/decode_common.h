@@ -49,6 +49,7 @@ struct DecodeLaunch {
   bool fp8_wgmma;      // SplitPlan::fp8_wgmma (host-side kernel choice)
   bool wide;           // SplitPlan::wide (host-side kernel choice)
   bool narrow;         // SplitPlan::narrow (host-side kernel choice)
+  bool stream_kv;      // SplitPlan::stream_kv (TMA tile loads with L2 evict_first)
 };
 
 constexpr int kBlockNWgmma = 64;  // tokens per stage of the Hopper fp8 kernel (below)

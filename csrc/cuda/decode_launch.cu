@@ -198,14 +198,43 @@ bool wide_kernel_pays_off(const MlaDecodeParams& p) {
 // 165.5, 166.2; 256 x 8192 578.8, 581.0 / 587.3, 588.5; the same within noise
 // at 4 x 8192, 32 x 1024 and 64 x 1024, slower at 256 x 1024 (91.6, 92.9 /
 // 90.1, 92.1): hence long sequences and at least 131072 query tokens x keys.
-bool narrow_kernel_pays_off(const MlaDecodeParams& p) {
+// With the L2 stream hint (kv_stream_hint_pays_off) bf16 also gains at the
+// smaller shapes (session 17, run 4, us, narrow with the hint / mma.sync):
+// 4 x 8192 23.4 / 25.0, 32 x 1024 23.1 / 24.2, 64 x 1024 33.4 / 37.0; the same
+// at 4 x 1024 (12.7-12.9 / 12.4-12.7); hence from 32768 query tokens x keys
+// (the smallest measured gain; not measured between 4096 and 32768).
+bool narrow_kernel_pays_off(const MlaDecodeParams& p, bool stream_hint) {
   const int64_t kv_len = estimated_kv_len(p);
   const int64_t work = static_cast<int64_t>(p.total_q) * kv_len;
   if (p.format == KvFormat::kFp8E4M3FN) {
     return narrow_register_v_applies(p) ? work >= 65536 : kv_len >= 4096 && work >= 131072;
   }
-  if (p.format == KvFormat::kBf16) return kv_len >= 4096 && work >= 131072;
+  if (p.format == KvFormat::kBf16) return (kv_len >= 4096 && work >= 131072) || (stream_hint && work >= 32768);
   return work >= 16384;
+}
+
+// Bytes of the whole cache (rows x the format's bytes per row).
+int64_t cache_bytes(const MlaDecodeParams& p) {
+  const int64_t row = p.format == KvFormat::kBf16 ? 2 * kHeadDimQK
+                      : p.format == KvFormat::kMxfp4 ? kHeadDimQK / 2 + kHeadDimQK / 32
+                                                      : kHeadDimQK;
+  return p.num_cache_rows * row;
+}
+
+// Whether the TMA-landed narrow forms (bf16; the OCP fp8 register-V kernel)
+// should load their tiles with the L2 evict_first policy (ptx_sm90.cuh): when
+// the cache is at most 3x L2's size. A call that follows a large write (the
+// competition's flush, another layer's outputs) finds L2 full of dirty lines;
+// streaming cache tiles with evict_first mostly displace each other rather
+// than those lines, which saves their write-back while the call runs. Measured
+// on the H200 (scripts/l2_hint_probe.cu, run 137; 132 CTAs streaming after a
+// 256 MB write, us, evict_first / none): 37 MB 15.2 / 16.5, 74 MB 24.7 / 27.4,
+// 149 MB 44.0 / 46.1, 160 MB 46.6 / 48.4; but 301 MB 81.5 / 79.4, 603 MB
+// 152.3 / 144.8, 2.4 GB 554 / 538. In the decode kernels (run 4): bf16 4 x
+// 8192 -1.6 us, 32 x 1024 -1.1, 64 x 1024 -3.6; 64 x 8192 +8 (not taken).
+bool kv_stream_hint_pays_off(const MlaDecodeParams& p, const DeviceLimits& device) {
+  const bool tma_form = p.format == KvFormat::kBf16 || narrow_register_v_applies(p);
+  return tma_form && device.l2_bytes > 0 && cache_bytes(p) <= 3 * device.l2_bytes;
 }
 #endif
 
@@ -293,13 +322,15 @@ SplitPlan plan_splits(const MlaDecodeParams& p, const DeviceLimits& device, int 
     plan.smem_bytes = wide_smem_bytes();
     return plan;
   }
+  const bool stream_hint = narrow_kernel_applies(p, device.smem_per_block_optin) && kv_stream_hint_pays_off(p, device);
   if (narrow_kernel_applies(p, device.smem_per_block_optin) &&
-      (narrow_kernel_forced(p.format) || narrow_kernel_pays_off(p))) {
+      (narrow_kernel_forced(p.format) || narrow_kernel_pays_off(p, stream_hint))) {
     // One CTA per SM (~169 KB of shared memory), 16 heads per CTA, at least
     // two 64-key tiles per split (as the wide kernel; not tuned).
     SplitPlan plan =
         plan_split_count(p, device.num_sms, requested_splits, 1, 2 * narrow_tile_tokens(), false, kNarrowRows);
     plan.narrow = true;
+    plan.stream_kv = stream_hint;
     plan.smem_bytes = narrow_smem_bytes();
     return plan;
   }
@@ -362,6 +393,7 @@ cudaError_t launch_decode(const MlaDecodeParams& p, const SplitPlan& plan, void*
   args.fp8_wgmma = plan.fp8_wgmma;
   args.wide = plan.wide;
   args.narrow = plan.narrow;
+  args.stream_kv = plan.stream_kv;
   args.partial_out = nullptr;
   args.partial_lse = nullptr;
   if (plan.num_splits > 1) {

@@ -25,6 +25,7 @@ struct DeviceLimits {
   int num_sms = 1;
   int smem_per_block_optin = 0;  // bytes a block may opt in to (99 KB on sm_86/89/120, 227 KB on sm_90)
   int smem_per_sm = 0;           // bytes of shared memory per SM
+  int64_t l2_bytes = 0;          // L2 cache size (0: unknown, no L2 stream hint)
 };
 
 struct SplitPlan {
@@ -50,7 +51,13 @@ struct SplitPlan {
   // NVIDIA OCP fp8 / MXFP4 with H < 64 on Hopper: the narrow kernel (16 heads
   // per CTA, keys as the M of wgmma; narrow_kernel_applies, narrow_kernel_pays_off).
   bool narrow = false;
+  // The TMA-landed narrow forms (bf16; OCP fp8's register-V kernel): the tile
+  // loads carry an L2 evict_first policy, because the cache is small next to
+  // L2 (kv_stream_hint_pays_off in decode_launch.cu).
+  bool stream_kv = false;
 };
+// The plan harness (scripts/plan_harness) prints SplitPlan::stream_kv where this is defined.
+#define MLA_DECODE_L2_STREAM_HINT 1
 
 // Chooses the kernel variant and the split count from shapes and `device`
 // only (no device memory reads): enough CTAs to fill the SMs with whole

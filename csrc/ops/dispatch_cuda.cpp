@@ -40,6 +40,7 @@ cuda::DeviceLimits current_device_limits(int env_limit) {
   const auto* prop = at::cuda::getCurrentDeviceProperties();  // cached by PyTorch per device
   cuda::DeviceLimits dev;
   dev.num_sms = prop->multiProcessorCount;
+  dev.l2_bytes = prop->l2CacheSize;
 #if MLA_PLATFORM_HIP
   // The MFMA kernel stays within the 64 KB of LDS every CDNA part has.
   dev.smem_per_block_optin = static_cast<int>(prop->sharedMemPerBlock);

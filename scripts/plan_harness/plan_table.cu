@@ -12,6 +12,8 @@
 // so their size thresholds are compared too. (Against a tree whose default
 // kept a format off a Hopper kernel, that format's differences are the
 // harness's, not the plan's: session 11's fp8 narrow opt-in, for one.)
+// Every input's device has a 50 MiB L2 (the H100/H200's); a plan whose TMA
+// tile loads take the L2 stream hint (SplitPlan::stream_kv) ends in " stream".
 #include "cuda/decode_launch.cu"
 #if __has_include("cuda/sm90/decode_kernel_narrow_fp8_sm90.cuh")  // session 15 on: the register-V kernel
 #define PLAN_HAS_REGISTER_V 1
@@ -110,11 +112,17 @@ int main() {
                     dev.num_sms = sms;
                     dev.smem_per_block_optin = lim[0];
                     dev.smem_per_sm = lim[1];
+#ifdef MLA_DECODE_L2_STREAM_HINT  // session 17 on: the L2 stream hint needs the L2 size (H100/H200: 50 MiB)
+                    dev.l2_bytes = 50ll << 20;
+                    const char* stream = plan_splits(p, dev, requested).stream_kv ? " stream" : "";
+#else
+                    const char* stream = "";
+#endif
                     const SplitPlan plan = plan_splits(p, dev, requested);
                     const char* kernel = plan.wide ? "wide" : plan.narrow ? "narrow" : "mma";
-                    std::printf("fmt%d lay%d H%d B%d q%d kv%d req%d sm%d lim%d: %s groups %d splits %d stages %d smem %d\n",
+                    std::printf("fmt%d lay%d H%d B%d q%d kv%d req%d sm%d lim%d: %s groups %d splits %d stages %d smem %d%s\n",
                                 static_cast<int>(f), static_cast<int>(layout), heads, batch, q_len, kv, requested, sms,
-                                lim[0], kernel, plan.head_groups, plan.num_splits, plan.stages, plan.smem_bytes);
+                                lim[0], kernel, plan.head_groups, plan.num_splits, plan.stages, plan.smem_bytes, stream);
                     ++n;
                   }
   std::fprintf(stderr, "%ld plans\n", n);

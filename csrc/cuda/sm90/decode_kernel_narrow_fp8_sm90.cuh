@@ -392,6 +392,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int par = 0; par < 2; ++par) lane_off[par] = (8 * mi + ri) * 128 + (((4 * par + warp) ^ ri) << 4);
 
+    const bool stream_kv = args.stream_kv;  // small cache: L2 evict_first (ptx_sm90.cuh)
+    const uint64_t kv_policy = l2_evict_first_policy();
     auto issue_code_tile = [&](int tile) {
       const int stage = tile % kCodeStages;
       const uint32_t bar = mbar(Smem::kBarCodeFull + stage);
@@ -399,7 +401,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int y = static_cast<int>(contiguous_base + kv_begin + tile * kTileTokens);
       mbar_arrive_expect_tx(bar, kCodeStageBytes);
 #pragma unroll
-      for (int blk = 0; blk < kCodeBlocks; ++blk) tma_load_2d(dst + blk * kCodeBlockBytes, &kv_map, 128 * blk, y, bar);
+      for (int blk = 0; blk < kCodeBlocks; ++blk) {
+        if (stream_kv) {
+          tma_load_2d_stream(dst + blk * kCodeBlockBytes, &kv_map, 128 * blk, y, bar, kv_policy);
+        } else {
+          tma_load_2d(dst + blk * kCodeBlockBytes, &kv_map, 128 * blk, y, bar);
+        }
+      }
     };
     if (vt == 0) {
       for (int tile = 0; tile < kCodeStages && tile < n_tiles; ++tile) issue_code_tile(tile);

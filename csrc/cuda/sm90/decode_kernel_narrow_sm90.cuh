@@ -544,6 +544,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       // bf16 needs no decode: thread 0 of wg 1 lands each tile in its slot by
       // TMA (9 boxes of 64 keys x 64 dims), tile t + 2 once tile t's PV is done.
       if (tid != 128) return;
+      const bool stream_kv = args.stream_kv;  // small cache: L2 evict_first (ptx_sm90.cuh)
+      const uint64_t kv_policy = l2_evict_first_policy();
       auto issue_tile = [&](int tile) {
         const int slot = tile % kStages;
         const uint32_t bar = mbar(kMbFull + slot);
@@ -551,7 +553,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_arrive_expect_tx(bar, kStageBytes);
 #pragma unroll
         for (int blk = 0; blk < kColBlocks; ++blk) {
-          tma_load_2d(kv_smem + slot * kStageBytes + blk * kBlockBytes, &kv_map, 64 * blk, y, bar);
+          const uint32_t dst = kv_smem + slot * kStageBytes + blk * kBlockBytes;
+          if (stream_kv) {
+            tma_load_2d_stream(dst, &kv_map, 64 * blk, y, bar, kv_policy);
+          } else {
+            tma_load_2d(dst, &kv_map, 64 * blk, y, bar);
+          }
         }
       };
       for (int tile = 0; tile < kStages && tile < n_tiles; ++tile) issue_tile(tile);

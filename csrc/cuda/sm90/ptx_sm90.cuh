@@ -335,6 +335,39 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, int x
 #endif
 }
 
+// L2 eviction priority for cache tiles read once per call: lines fetched
+// with this policy are the first candidates when L2 needs room, so a stream of
+// tiles mostly replaces its own earlier lines instead of evicting what else L2
+// holds. After a kernel that wrote more than L2's size (the competition's
+// flush; a model's previous layer) L2 is full of dirty lines, and every one a
+// read evicts costs a DRAM write: the H200 streams 37 MB in 16.7 us after a
+// 256 MB write against 12.4 us after a 256 MB read (scripts/l2_hint_probe.cu,
+// docs/performance.md run 137). With this policy the TMA unit streams it in
+// 15.2 us, and a 74 MB read in 24.7 against 27.3; from ~300 MB on it is 3-5%
+// slower, so the plan asks for it only for small caches (SplitPlan::stream_kv).
+// (The same hint on cp.async, `cp.async.cg ... .L2::cache_hint`, is compiled
+// by ptxas 13.0 into an instruction that faults: illegal instruction, seen in
+// the probe; so the cp.async kernels go without it.)
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t policy = 0;
+#if MLA_SM90A_DEVICE
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+#endif
+  return policy;
+}
+
+// tma_load_2d with an L2 policy (l2_evict_first_policy).
+__device__ __forceinline__ void tma_load_2d_stream(uint32_t dst, const void* map, int x, int y, uint32_t bar,
+                                                   uint64_t policy) {
+#if MLA_SM90A_DEVICE
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, "
+      "%3}], [%4], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar), "l"(policy)
+      : "memory");
+#endif
+}
+
 // Two floats to two e4m3 codes (round to nearest even, saturating to +-448;
 // NaN stays NaN), x in the low byte.
 __device__ __forceinline__ uint32_t f32x2_to_e4m3x2(float x, float y) {
