@@ -232,9 +232,12 @@ int64_t cache_bytes(const MlaDecodeParams& p) {
 // 149 MB 44.0 / 46.1, 160 MB 46.6 / 48.4; but 301 MB 81.5 / 79.4, 603 MB
 // 152.3 / 144.8, 2.4 GB 554 / 538. In the decode kernels (run 4): bf16 4 x
 // 8192 -1.6 us, 32 x 1024 -1.1, 64 x 1024 -3.6; 64 x 8192 +8 (not taken).
+// One head group only (H <= 16, as measured): with more, the head groups'
+// CTAs read the same tiles, the later ones from L2, where evict_first lines
+// are the first to go.
 bool kv_stream_hint_pays_off(const MlaDecodeParams& p, const DeviceLimits& device) {
   const bool tma_form = p.format == KvFormat::kBf16 || narrow_register_v_applies(p);
-  return tma_form && device.l2_bytes > 0 && cache_bytes(p) <= 3 * device.l2_bytes;
+  return tma_form && p.num_heads <= kNarrowRows && device.l2_bytes > 0 && cache_bytes(p) <= 3 * device.l2_bytes;
 }
 #endif
 
