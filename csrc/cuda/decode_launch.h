@@ -53,7 +53,7 @@ struct SplitPlan {
   bool narrow = false;
   // The TMA-landed narrow forms (bf16; OCP fp8's register-V kernel): the tile
   // loads carry an L2 evict_first policy, because the cache is small next to
-  // L2 (kv_stream_hint_pays_off in decode_launch.cu).
+  // L2 and one head group reads it (kv_stream_hint_pays_off in decode_launch.cu).
   bool stream_kv = false;
 };
 // The plan harness (scripts/plan_harness) prints SplitPlan::stream_kv where this is defined.
