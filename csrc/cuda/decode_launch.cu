@@ -325,9 +325,9 @@ SplitPlan plan_splits(const MlaDecodeParams& p, const DeviceLimits& device, int 
     plan.smem_bytes = wide_smem_bytes();
     return plan;
   }
-  const bool stream_hint = narrow_kernel_applies(p, device.smem_per_block_optin) && kv_stream_hint_pays_off(p, device);
-  if (narrow_kernel_applies(p, device.smem_per_block_optin) &&
-      (narrow_kernel_forced(p.format) || narrow_kernel_pays_off(p, stream_hint))) {
+  const bool narrow_applies = narrow_kernel_applies(p, device.smem_per_block_optin);
+  const bool stream_hint = narrow_applies && kv_stream_hint_pays_off(p, device);
+  if (narrow_applies && (narrow_kernel_forced(p.format) || narrow_kernel_pays_off(p, stream_hint))) {
     // One CTA per SM (~169 KB of shared memory), 16 heads per CTA, at least
     // two 64-key tiles per split (as the wide kernel; not tuned).
     SplitPlan plan =
