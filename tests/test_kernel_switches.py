@@ -65,7 +65,7 @@ def test_each_format_reads_its_own_variable(switch_table):
 # The kernel the plan picks at each competition shape (H = 16, q_len 1, indptr layout) on an
 # H200-like device (132 SMs, 227 KB per block), as measured (docs/performance.md: the narrow
 # kernel for MXFP4 from run91, fp8's register-V form from run117, bf16's TMA form from run128,
-# and from session 17 (its run 4) bf16's TMA form with the L2 stream hint at the small shapes).
+# and from session 17 (run138) bf16's TMA form with the L2 stream hint at the small shapes).
 # "+stream": the TMA tile loads take the L2 evict_first policy (caches of at most 3x L2).
 # A planning change that moves one of these must come with a measurement.
 COMPETITION_KERNELS = {

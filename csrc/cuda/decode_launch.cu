@@ -199,7 +199,7 @@ bool wide_kernel_pays_off(const MlaDecodeParams& p) {
 // at 4 x 8192, 32 x 1024 and 64 x 1024, slower at 256 x 1024 (91.6, 92.9 /
 // 90.1, 92.1): hence long sequences and at least 131072 query tokens x keys.
 // With the L2 stream hint (kv_stream_hint_pays_off) bf16 also gains at the
-// smaller shapes (session 17, run 4, us, narrow with the hint / mma.sync):
+// smaller shapes (session 17, run138, us, narrow with the hint / mma.sync):
 // 4 x 8192 23.4 / 25.0, 32 x 1024 23.1 / 24.2, 64 x 1024 33.4 / 37.0; the same
 // at 4 x 1024 (12.7-12.9 / 12.4-12.7); hence from 32768 query tokens x keys
 // (the smallest measured gain; not measured between 4096 and 32768).
@@ -230,7 +230,7 @@ int64_t cache_bytes(const MlaDecodeParams& p) {
 // on the H200 (scripts/l2_hint_probe.cu, run 137; 132 CTAs streaming after a
 // 256 MB write, us, evict_first / none): 37 MB 15.2 / 16.5, 74 MB 24.7 / 27.4,
 // 149 MB 44.0 / 46.1, 160 MB 46.6 / 48.4; but 301 MB 81.5 / 79.4, 603 MB
-// 152.3 / 144.8, 2.4 GB 554 / 538. In the decode kernels (run 4): bf16 4 x
+// 152.3 / 144.8, 2.4 GB 554 / 538. In the decode kernels (run138): bf16 4 x
 // 8192 -1.6 us, 32 x 1024 -1.1, 64 x 1024 -3.6; 64 x 8192 +8 (not taken).
 // One head group only (H <= 16, as measured): with more, the head groups'
 // CTAs read the same tiles, the later ones from L2, where evict_first lines
