@@ -213,14 +213,6 @@ bool narrow_kernel_pays_off(const MlaDecodeParams& p, bool stream_hint) {
   return work >= 16384;
 }
 
-// Bytes of the whole cache (rows x the format's bytes per row).
-int64_t cache_bytes(const MlaDecodeParams& p) {
-  const int64_t row = p.format == KvFormat::kBf16 ? 2 * kHeadDimQK
-                      : p.format == KvFormat::kMxfp4 ? kHeadDimQK / 2 + kHeadDimQK / 32
-                                                      : kHeadDimQK;
-  return p.num_cache_rows * row;
-}
-
 // Whether the TMA-landed narrow forms (bf16; the OCP fp8 register-V kernel)
 // should load their tiles with the L2 evict_first policy (ptx_sm90.cuh): when
 // the cache is at most 3x L2's size. A call that follows a large write (the
@@ -236,8 +228,11 @@ int64_t cache_bytes(const MlaDecodeParams& p) {
 // CTAs read the same tiles, the later ones from L2, where evict_first lines
 // are the first to go.
 bool kv_stream_hint_pays_off(const MlaDecodeParams& p, const DeviceLimits& device) {
-  const bool tma_form = p.format == KvFormat::kBf16 || narrow_register_v_applies(p);
-  return tma_form && p.num_heads <= kNarrowRows && device.l2_bytes > 0 && cache_bytes(p) <= 3 * device.l2_bytes;
+  const bool bf16 = p.format == KvFormat::kBf16;
+  if (!(bf16 || narrow_register_v_applies(p)) || p.num_heads > kNarrowRows || device.l2_bytes <= 0) return false;
+  const int64_t row_bytes =
+      bf16 ? FormatTraits<KvFormat::kBf16>::kRowBytes : FormatTraits<KvFormat::kFp8E4M3FN>::kRowBytes;
+  return p.num_cache_rows * row_bytes <= 3 * device.l2_bytes;  // the whole cache
 }
 #endif
 

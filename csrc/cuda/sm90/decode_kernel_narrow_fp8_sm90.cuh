@@ -402,11 +402,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_arrive_expect_tx(bar, kCodeStageBytes);
 #pragma unroll
       for (int blk = 0; blk < kCodeBlocks; ++blk) {
-        if (stream_kv) {
-          tma_load_2d_stream(dst + blk * kCodeBlockBytes, &kv_map, 128 * blk, y, bar, kv_policy);
-        } else {
-          tma_load_2d(dst + blk * kCodeBlockBytes, &kv_map, 128 * blk, y, bar);
-        }
+        tma_load_2d_maybe_stream(dst + blk * kCodeBlockBytes, &kv_map, 128 * blk, y, bar, stream_kv, kv_policy);
       }
     };
     if (vt == 0) {

@@ -553,12 +553,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_arrive_expect_tx(bar, kStageBytes);
 #pragma unroll
         for (int blk = 0; blk < kColBlocks; ++blk) {
-          const uint32_t dst = kv_smem + slot * kStageBytes + blk * kBlockBytes;
-          if (stream_kv) {
-            tma_load_2d_stream(dst, &kv_map, 64 * blk, y, bar, kv_policy);
-          } else {
-            tma_load_2d(dst, &kv_map, 64 * blk, y, bar);
-          }
+          tma_load_2d_maybe_stream(kv_smem + slot * kStageBytes + blk * kBlockBytes, &kv_map, 64 * blk, y, bar,
+                                   stream_kv, kv_policy);
         }
       };
       for (int tile = 0; tile < kStages && tile < n_tiles; ++tile) issue_tile(tile);

@@ -368,6 +368,17 @@ __device__ __forceinline__ void tma_load_2d_stream(uint32_t dst, const void* map
 #endif
 }
 
+// tma_load_2d, with the L2 policy `policy` when `stream` (the plan's
+// SplitPlan::stream_kv) and without a hint otherwise.
+__device__ __forceinline__ void tma_load_2d_maybe_stream(uint32_t dst, const void* map, int x, int y, uint32_t bar,
+                                                         bool stream, uint64_t policy) {
+  if (stream) {
+    tma_load_2d_stream(dst, map, x, y, bar, policy);
+  } else {
+    tma_load_2d(dst, map, x, y, bar);
+  }
+}
+
 // Two floats to two e4m3 codes (round to nearest even, saturating to +-448;
 // NaN stays NaN), x in the low byte.
 __device__ __forceinline__ uint32_t f32x2_to_e4m3x2(float x, float y) {
