@@ -25,11 +25,10 @@ from mla_decode.timing import FLUSH_BYTES, time_protocol  # noqa: E402
 
 
 class Flush:
-    def __init__(self, kind: str, dev: torch.device):
+    def __init__(self, kind: str, buf: torch.Tensor):
         self.kind = kind
-        self.buf = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=dev)
-        self.buf.fill_(1)
-        self.acc = torch.empty((), dtype=torch.int64, device=dev)
+        self.buf = buf  # one 256 MB int32 buffer shared by the kinds
+        self.acc = torch.empty((), dtype=torch.int64, device=buf.device)
 
     def flush(self):
         if self.kind == "write":
@@ -53,7 +52,8 @@ def main():
     fmts = args or ["bf16", "fp8", "mxfp4"]
     dev = torch.device("cuda")
     kinds = ["write", "read", "none"]
-    flushers = {k: Flush(k, dev) for k in kinds}
+    buf = torch.ones(FLUSH_BYTES // 4, dtype=torch.int32, device=dev)
+    flushers = {k: Flush(k, buf) for k in kinds}
     print(f"{'format':6} {'shape':12} " + " ".join(f"{k:>8}" for k in kinds) + "   (us, trimmed mean)")
     logs = {(f, k): [] for f in fmts for k in kinds}
     for b, kv in shapes:

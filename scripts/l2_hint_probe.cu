@@ -36,19 +36,13 @@ constexpr int kStageBytes = kThreads * 16 * 4;  // 16 KB: 4 x 16 B per thread
 
 enum Variant { kPlain, kPolicy, kIgnore, kTma, kTmaPlain };
 
-__device__ __forceinline__ uint64_t evict_first() {
-  uint64_t p;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
-  return p;
-}
-
 template <int V, int kStages>
 __global__ void __launch_bounds__(kThreads) stream(const uint8_t* src, int64_t bytes_per_cta, uint32_t* sums) {
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ __align__(8) uint64_t bars[kStages];
   const uint8_t* base = src + blockIdx.x * bytes_per_cta;
   const int n_stages = static_cast<int>(bytes_per_cta / kStageBytes);
-  const uint64_t pol = evict_first();
+  const uint64_t pol = l2_evict_first_policy();  // the decode kernels' policy (ptx_sm90.cuh)
   const int tid = threadIdx.x;
   if (V == kTma || V == kTmaPlain) {
     if (tid == 0) {

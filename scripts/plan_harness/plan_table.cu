@@ -114,11 +114,13 @@ int main() {
                     dev.smem_per_sm = lim[1];
 #ifdef MLA_DECODE_L2_STREAM_HINT  // session 17 on: the L2 stream hint needs the L2 size (H100/H200: 50 MiB)
                     dev.l2_bytes = 50ll << 20;
-                    const char* stream = plan_splits(p, dev, requested).stream_kv ? " stream" : "";
+#endif
+                    const SplitPlan plan = plan_splits(p, dev, requested);
+#ifdef MLA_DECODE_L2_STREAM_HINT
+                    const char* stream = plan.stream_kv ? " stream" : "";
 #else
                     const char* stream = "";
 #endif
-                    const SplitPlan plan = plan_splits(p, dev, requested);
                     const char* kernel = plan.wide ? "wide" : plan.narrow ? "narrow" : "mma";
                     std::printf("fmt%d lay%d H%d B%d q%d kv%d req%d sm%d lim%d: %s groups %d splits %d stages %d smem %d%s\n",
                                 static_cast<int>(f), static_cast<int>(layout), heads, batch, q_len, kv, requested, sms,
