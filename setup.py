@@ -30,6 +30,10 @@ ROOT = Path(__file__).resolve().parent
 CSRC = ROOT / "csrc"
 
 
+def rel(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
 def fail(msg: str) -> None:
     sys.stderr.write(f"\nmla_decode build error: {msg}\n\n")
     raise SystemExit(1)
@@ -142,9 +146,10 @@ def build_extension():
     debug = env_flag("MLA_DECODE_DEBUG") is True
     cxx_flags = ["-O0", "-g"] if debug else ["-O3"]
     cxx_flags += ["-std=c++17", "-DMLA_DECODE_BUILD"]
-    sources = sorted(str(p.relative_to(ROOT)) for p in (CSRC / "ops").glob("*.cpp")
-                     if p.name != "dispatch_cuda.cpp")
-    sources += sorted(str(p.relative_to(ROOT)) for p in (CSRC / "cpu").glob("*.cpp"))
+    # Host C++ of every build: the operators (csrc/api, but the GPU dispatcher),
+    # the plan (csrc/plan: plain C++, so the CPU build tests it) and the CPU kernel.
+    sources = sorted(rel(p) for p in (CSRC / "api").glob("*.cpp") if p.name != "dispatch_cuda.cpp")
+    sources += sorted(rel(p) for d in ("plan", "cpu") for p in (CSRC / d).glob("*.cpp"))
     include_dirs = [str(CSRC)]
 
     if backend == "cpu":
@@ -155,22 +160,23 @@ def build_extension():
                                          extra_compile_args={"cxx": cxx_flags})
         return ext, backend
 
-    gpu_sources = ["csrc/ops/dispatch_cuda.cpp"]
-    gpu_sources += sorted(str(p.relative_to(ROOT)) for p in (CSRC / "cuda").glob("*.cu"))
+    # The GPU dispatcher, the launcher and combine (kernels/common), and each
+    # vendor's kernels: sm80 + sm90 for CUDA, cdna for ROCm (hipified).
+    kernel_dirs = ("common", "sm80", "sm90") if backend == "cuda" else ("common", "cdna")
+    gpu_sources = ["csrc/api/dispatch_cuda.cpp"]
+    gpu_sources += sorted(rel(p) for d in kernel_dirs for p in (CSRC / "kernels" / d).glob("*.cu"))
     if backend == "cuda":
-        # NVIDIA-only translation units (Hopper wgmma): not part of a ROCm build.
-        gpu_sources += sorted(str(p.relative_to(ROOT)) for p in (CSRC / "cuda" / "sm90").glob("*.cu"))
         archs = check_cuda_archs()
         print(f"mla_decode: building CPU + CUDA operators for TORCH_CUDA_ARCH_LIST={archs}")
         nvcc_flags = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-DMLA_DECODE_WITH_CUDA",
                       "-Xptxas=-warn-spills", "--use_fast_math"]
-        if "9.0a" in re.split(r"[;\s,]+", archs.strip()):
-            # The Hopper fp8 kernel (wgmma) exists only in sm_90a machine code.
-            nvcc_flags.append("-DMLA_DECODE_SM90A")
         if debug:
-            nvcc_flags = ["-O0", "-g", "-lineinfo", "-std=c++17", "-DMLA_DECODE_WITH_CUDA"]
+            nvcc_flags = ["-O0", "-g", "-lineinfo", "-std=c++17", "--expt-relaxed-constexpr", "-DMLA_DECODE_WITH_CUDA"]
+        if "9.0a" in re.split(r"[;\s,]+", archs.strip()):
+            # The Hopper kernels (wgmma, TMA) run only from sm_90a machine code.
+            nvcc_flags.append("-DMLA_DECODE_SM90A")
         if env_flag("MLA_DECODE_TRACE"):
-            # Timeline probes (csrc/cuda/trace.cuh; scripts/trace_timeline.py): a measurement build only.
+            # Timeline probes (csrc/kernels/common/trace.cuh): a measurement build only.
             nvcc_flags.append("-DMLA_DECODE_TRACE")
         cxx = cxx_flags + ["-DMLA_DECODE_WITH_CUDA"]
     else:

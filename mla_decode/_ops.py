@@ -1,7 +1,7 @@
 """Loads the native library and registers the fake (meta) kernels.
 
 Importing mla_decode._C registers torch.ops.mla_decode.* (see
-csrc/ops/schema.cpp for the schemas). When the native library is missing or
+csrc/api/schema.cpp for the schemas). When the native library is missing or
 was built against another torch, LOAD_ERROR holds the reason and the Python
 API falls back to the reference path, loudly (see mla_decode.fallback).
 """
@@ -61,4 +61,9 @@ if LOAD_ERROR is None:
     @torch.library.register_fake("mla_decode::decode_out")
     def _decode_out_fake(q, kv_cache, kv_scale, qo_indptr, kv_indptr, kv_indices, block_table, kv_lens,
                          page_size, sm_scale, num_splits, out, lse):
+        return None
+
+    @torch.library.register_fake("mla_decode::_decode_out_with")
+    def _decode_out_with_fake(q, kv_cache, kv_scale, qo_indptr, kv_indptr, kv_indices, block_table, kv_lens,
+                              page_size, sm_scale, num_splits, out, lse, overrides):
         return None

@@ -28,7 +28,7 @@ from collections import defaultdict
 
 FORMATS = {"0": "bf16", "1": "fp8_e4m3fn", "2": "fp8_e4m3fnuz", "3": "mxfp4"}
 LDS_LIMIT = 64 * 1024
-# Decode kernels that must run on fp8 MFMA, per arch (decode_kernel_mfma.cuh,
+# Decode kernels that must run on fp8 MFMA, per arch (kernels/cdna/mfma_kernel.cuh,
 # Fmt<F>::kFp8Mfma).
 FP8_MFMA = {"gfx942": {"fp8_e4m3fn", "fp8_e4m3fnuz"}, "gfx950": {"fp8_e4m3fn"}}
 

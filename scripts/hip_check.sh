@@ -9,11 +9,11 @@
 #      sudo needed; set MLA_HIP_CHECK_NO_INSTALL=1 to fail instead).
 #   2. hipify: csrc/ is copied to a temporary directory and hipified with
 #      PyTorch's own hipify (torch.utils.hipify.hipify_python) exactly as
-#      torch's CUDAExtension does for a ROCm build (csrc/cuda/*.cu ->
-#      csrc/hip/*.hip, cudaError_t -> hipError_t, <<<>>> -> hipLaunchKernelGGL,
-#      ...). The kernel TUs do need it: decode_launch.h and the .cu files use
-#      cuda* runtime names, as on every CUDA source tree torch hipifies.
-#   3. Every kernel TU (csrc/hip/*.hip) is compiled, device side, to assembly:
+#      torch's CUDAExtension does for a ROCm build (kernels/common/*.cu and
+#      kernels/cdna/*.cu -> *.hip, cudaError_t -> hipError_t, <<<>>> ->
+#      hipLaunchKernelGGL, ...). The kernel TUs do need it: launch.h and the .cu
+#      files use cuda* runtime names, as on every CUDA source tree torch hipifies.
+#   3. Every kernel TU (the hipified *.hip) is compiled, device side, to assembly:
 #        clang++-22 -x hip --offload-arch=ARCH --cuda-device-only -S -O3 -std=c++17 \
 #          -nogpulib --rocm-path=/usr <device bitcode> -D__HIP_PLATFORM_AMD__=1 \
 #          -DUSE_ROCM=1 <torch's other hipcc -D flags> -DMLA_DECODE_WITH_HIP -I<hipified csrc>
@@ -118,7 +118,8 @@ import glob, os, sys
 from torch.utils.hipify import hipify_python
 root = os.getcwd()
 # setup.py's source list for a GPU build
-srcs = sorted(glob.glob("csrc/ops/*.cpp")) + sorted(glob.glob("csrc/cpu/*.cpp")) + sorted(glob.glob("csrc/cuda/*.cu"))
+srcs = [s for d in ("api", "plan", "cpu") for s in sorted(glob.glob(f"csrc/{d}/*.cpp"))]
+srcs += [s for d in ("common", "cdna") for s in sorted(glob.glob(f"csrc/kernels/{d}/*.cu"))]
 res = hipify_python.hipify(project_directory=root, output_directory=root,
                            header_include_dirs=[os.path.join(root, "csrc")], includes=[os.path.join(root, "*")],
                            extra_files=[os.path.abspath(s) for s in srcs], show_detailed=False,
@@ -129,12 +130,17 @@ for s in srcs:
     r = res.get(os.path.abspath(s))
     built.append(os.path.relpath(r.hipified_path, root) if r is not None and r.hipified_path else s)
 open("host_sources.txt", "w").write("\n".join(b for b in built if b.endswith(".cpp")) + "\n")
+open("kernel_tus.txt", "w").write("\n".join(b for b in built if b.endswith(".hip")) + "\n")
 print("hip_check: hipified sources a ROCm build compiles: " + ", ".join(built))
 EOF
 ) > "$tmp/hipify.log" 2>&1 || { cat "$tmp/hipify.log"; die "hipify failed"; }
 grep "^hip_check:" "$tmp/hipify.log"
-TUS=$(cd "$tmp" && ls csrc/hip/*.hip)
-[ -n "$TUS" ] || die "hipify produced no csrc/hip/*.hip"
+TUS=$(cat "$tmp/kernel_tus.txt")
+[ -n "$TUS" ] || die "hipify produced no kernel TU (*.hip)"
+# Every TU by name: its path with '/' as '__' (csrc__kernels__cdna__mfma_bf16).
+tu_name() { echo "${1%.hip}" | sed 's@/@__@g'; }
+mkdir -p "$tmp/src"
+for tu in $TUS; do ln -s "$tmp/$tu" "$tmp/src/$(tu_name "$tu").hip"; done
 
 # ---- 3. device compile per arch --------------------------------------------------
 # torch's hipcc flags (COMMON_HIP_FLAGS + COMMON_HIPCC_FLAGS) and setup.py's.
@@ -185,11 +191,11 @@ for arch in $ARCHS; do
   fi
   mkdir -p "$tmp/s/$arch"
   read -r -a BCF <<< "$(bitcode_flags "$arch")"
-  ITEMS=$(for tu in $TUS; do basename "$tu" .hip; done)
+  ITEMS=$(for tu in $TUS; do tu_name "$tu"; done)
   parallel_each "$CLANG" -x hip --offload-arch="$arch" --cuda-device-only -S -O3 -std=c++17 -nogpulib \
-      --rocm-path=/usr "${BCF[@]}" "${DEFS[@]}" -I"$tmp/csrc" "$tmp/csrc/hip/{}.hip" -o "$tmp/s/$arch/{}.s" \
+      --rocm-path=/usr "${BCF[@]}" "${DEFS[@]}" -I"$tmp/csrc" "$tmp/src/{}.hip" -o "$tmp/s/$arch/{}.s" \
     || die "device compile for $arch (messages above)"
-  for tu in $TUS; do reports+=("$arch:$tmp/s/$arch/$(basename "$tu" .hip).s"); done
+  for tu in $TUS; do reports+=("$arch:$tmp/s/$arch/$(tu_name "$tu").s"); done
   compiled+=("$arch")
   say "$arch: compiled $(echo $TUS | wc -w) TUs"
 done
@@ -226,10 +232,11 @@ say "per-kernel resources (device assembly metadata):"
 if [ "${HIP_CHECK_EMU:-1}" != 0 ]; then
   for arch in gfx942 gfx950; do
     mkdir -p "$tmp/emu/$arch"
-    cp "$ROOT/scripts/hip_emu/emu_main.cpp" "$tmp/csrc/hip/emu_main.hip"
-    ITEMS=$(for tu in $TUS; do basename "$tu" .hip; done; echo emu_main)
+    cp "$ROOT/scripts/hip_emu/emu_main.cpp" "$tmp/src/emu_main.hip"
+    cp "$tmp/csrc/plan/plan.cpp" "$tmp/src/plan.hip"  # the plan the dispatcher runs
+    ITEMS=$(for tu in $TUS; do tu_name "$tu"; done; echo emu_main; echo plan)
     parallel_each "$CLANG" -x c++ -std=c++17 -O1 -U_FORTIFY_SOURCE -D__HIPCC__ -D__HIP_PLATFORM_AMD__=1 -DUSE_ROCM=1 \
-        -D__${arch}__ -I"$ROOT/scripts/hip_emu" -I"$tmp/csrc" -c "$tmp/csrc/hip/{}.hip" -o "$tmp/emu/$arch/{}.o" \
+        -D__${arch}__ -I"$ROOT/scripts/hip_emu" -I"$tmp/csrc" -c "$tmp/src/{}.hip" -o "$tmp/emu/$arch/{}.o" \
       || die "host-emulation build ($arch)"
     "$CLANG" "$tmp/emu/$arch/"*.o -o "$tmp/emu/$arch/run"
     say "host emulation as $arch:"

@@ -1,5 +1,5 @@
 """Competition-protocol time of the decode operator for forced split counts
-(num_splits argument), to tune plan_splits.
+(num_splits argument), to tune the plan (csrc/plan).
 Usage: python scripts/split_sweep.py [fmt ...] [--shapes B:KV,B:KV,...] [--heads H]"""
 import sys
 

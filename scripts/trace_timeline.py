@@ -1,7 +1,7 @@
 """Where the time of one small competition call goes inside the kernels.
 
 Needs a trace build (MLA_DECODE_TRACE=1 python3 setup.py build_ext --inplace;
-csrc/cuda/trace.cuh): thread 0 of the corner CTAs of the split kernel and of
+csrc/kernels/common/trace.cuh): thread 0 of the corner CTAs of the split kernel and of
 the combine kernel print %globaltimer stamps. This script runs the protocol's
 call (L2 flushed, synchronised, one custom_kernel call) in a child process and
 prints, per shape, the median over calls of each stamp in microseconds after

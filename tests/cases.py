@@ -162,3 +162,62 @@ def check_against_reference(case: Case, out: torch.Tensor, lse: torch.Tensor) ->
         assert rel < REL_FRO_TOL, f"relative Frobenius error {rel:.3e} >= {REL_FRO_TOL}"
         lse_err = float((lse64[full] - ref_lse[full]).abs().max())
         assert lse_err < LSE_ABS_TOL, f"max |lse - ref| = {lse_err:.3e} >= {LSE_ABS_TOL}"
+
+
+# ---- forcing kernels in-process -----------------------------------------------------------
+# 99 KB: the per-block shared-memory opt-in of sm_86 / sm_89 / sm_120 parts, where fp8 (103 KB)
+# and e4m3fnuz (102.5 KB) run a ring one stage shallower and bf16 never takes its deep ring.
+SMEM_99KB = 99 * 1024
+
+
+def explain_case(case: Case, num_splits: int = 0, overrides=None):
+    import mla_decode
+    return mla_decode.explain(case.q, case.kv, case.qo_indptr, kv_scale=case.kv_scale, kv_indptr=case.kv_indptr,
+                              kv_indices=case.kv_indices, block_table=case.block_table, kv_lens=case.kv_lens,
+                              page_size=case.page_size, sm_scale=SM_SCALE, num_splits=num_splits,
+                              overrides=overrides)
+
+
+def kernel_variants(case: Case):
+    """The plan overrides that run `case` on every split kernel that can run it on its device
+    (the planned one first; None is the plan itself), plus, on NVIDIA, the mma.sync kernel
+    planned as on a 99 KB device. On the CPU: the plan alone."""
+    if case.q.device.type != "cuda":
+        return [None]
+    plan = explain_case(case)
+    variants = [None]
+    for kernel, why in plan.rejected.items():
+        if why.startswith("applies"):
+            variants.append({"kernel": kernel})
+    if torch.version.hip is None:
+        variants.append({"kernel": "mma_sync", "smem_limit": SMEM_99KB})
+    return variants
+
+
+def run_case(case: Case, num_splits: int = 0, overrides=None):
+    """decode_out on the case into NaN-poisoned outputs, with the plan `overrides` (None: the
+    plan's own choice). Returns (out, lse)."""
+    rows, heads = case.q.shape[0], case.q.shape[1]
+    out = torch.full((rows, heads, 512), float("nan"), dtype=torch.bfloat16, device=case.q.device)
+    lse = torch.full((rows, heads), float("nan"), dtype=torch.float32, device=case.q.device)
+    if overrides is None:
+        torch.ops.mla_decode.decode_out(*case.args(), num_splits, out, lse)
+    else:
+        import mla_decode
+        from mla_decode.api import _overrides_text
+        torch.ops.mla_decode._decode_out_with(*case.args(), num_splits, out, lse, _overrides_text(overrides))
+    return out, lse
+
+
+def check_every_kernel(case: Case, num_splits: int = 0) -> list:
+    """Runs `case` on every kernel variant and checks each against the reference; returns the
+    variants it ran (so a test can assert which kernels it covered)."""
+    ran = []
+    for ov in kernel_variants(case):
+        out, lse = run_case(case, num_splits, ov)
+        try:
+            check_against_reference(case, out, lse)
+        except AssertionError as e:
+            raise AssertionError(f"{ov or 'the plan'}: {e}") from e
+        ran.append(ov)
+    return ran

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import mla_decode  # noqa: F401
-from cases import SM_SCALE, check_against_reference, make_case
+from cases import SM_SCALE, check_against_reference, kernel_variants, make_case
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8", "mxfp4"])
@@ -45,10 +45,16 @@ def test_torch_compile_fullgraph(device):
 @pytest.mark.parametrize("num_heads", [16, 128])
 def test_cuda_graph_replay_with_new_lengths(fmt, num_splits, num_heads):
     """Capture once, then change lengths (same batch size) and replay (twice). num_splits
-    0: the planned split; 4: a forced split with the combine kernel in the graph. 128 heads: the
-    Hopper wide kernel where it applies (H100/H200, 9.0a build); the call is below its size
-    threshold, so test_gpu.py's test_many_heads_on_the_wide_kernel_forced runs this test again
-    with MLA_DECODE_*_KERNEL=wide."""
+    0: the planned split; 4: a forced split with the combine kernel in the graph. On every kernel
+    that can run the call (cases.kernel_variants: the Hopper wide kernel at 128 heads, the narrow
+    kernels at 16, the mma.sync kernel with both ring sets)."""
+    dev = torch.device("cuda")
+    probe = make_case(fmt, "indptr", num_heads, 1, [200, 50, 0, 400], seed=31, device=dev, extra_rows=600)
+    for overrides in kernel_variants(probe):
+        _graph_replay_with_new_lengths(fmt, num_splits, num_heads, overrides)
+
+
+def _graph_replay_with_new_lengths(fmt, num_splits, num_heads, overrides):
     dev = torch.device("cuda")
     case = make_case(fmt, "indptr", num_heads, 1, [200, 50, 0, 400], seed=31, device=dev, extra_rows=600)
     static = dict(q=case.q.clone(), kvp=case.kv_indptr.clone())
@@ -56,8 +62,8 @@ def test_cuda_graph_replay_with_new_lengths(fmt, num_splits, num_heads):
     lse = torch.empty(case.q.shape[0], num_heads, dtype=torch.float32, device=dev)
 
     def run():
-        torch.ops.mla_decode.decode_out(static["q"], case.kv, case.kv_scale, case.qo_indptr, static["kvp"], None,
-                                        None, None, 1, SM_SCALE, num_splits, out, lse)
+        mla_decode.decode(static["q"], case.kv, case.qo_indptr, kv_scale=case.kv_scale, kv_indptr=static["kvp"],
+                          sm_scale=SM_SCALE, num_splits=num_splits, out=out, lse=lse, _overrides=overrides)
 
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())

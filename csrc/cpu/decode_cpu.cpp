@@ -10,14 +10,16 @@
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
-#include "../mla_decode/addressing.h"
-#include "../mla_decode/formats.h"
+#include "common/addressing.h"
+#include "common/formats.h"
 
 namespace mla_decode {
 namespace {
@@ -195,7 +197,34 @@ constexpr int64_t kPartialFloats = 2 * kHeadsPerTask + kHeadsPerTask * kHeadDimV
 
 }  // namespace
 
-void decode_cpu(const MlaDecodeParams& p) {
+const char* cpu_path_name(CpuPath path) {
+  switch (path) {
+    case CpuPath::kAuto: return "auto";
+    case CpuPath::kScalar: return "scalar";
+  }
+  return "unknown";
+}
+
+bool cpu_path_from_name(const char* name, CpuPath* path) {
+  for (CpuPath c : {CpuPath::kAuto, CpuPath::kScalar}) {
+    if (std::strcmp(name, cpu_path_name(c)) == 0) {
+      *path = c;
+      return true;
+    }
+  }
+  return false;
+}
+
+const char* cpu_path_unavailable(CpuPath) { return nullptr; }
+
+std::string describe_cpu_plan(const MlaDecodeParams&, const CpuOptions&) {
+  return "kernel=cpu_scalar;why=the portable C++ kernel";
+}
+
+void decode_cpu(const MlaDecodeParams& p, const CpuOptions& opt) {
+  const char* unavailable = cpu_path_unavailable(opt.path);
+  TORCH_CHECK(unavailable == nullptr, std::string("mla_decode: the CPU path '") + cpu_path_name(opt.path) +
+                                          "' cannot run on this CPU: " + (unavailable ? unavailable : "") + ".");
   const int32_t head_groups = (p.num_heads + kHeadsPerTask - 1) / kHeadsPerTask;
   const DecodeTables tables = make_tables(p);
 

@@ -1,5 +1,5 @@
-// Runs the hipified HIP kernels of mla_decode (csrc/cuda/decode_kernel_mfma.cuh
-// and the combine kernel of decode_launch.cu, through launch_decode) on the
+// Runs the hipified HIP kernels of mla_decode (csrc/kernels/cdna/mfma_kernel.cuh
+// and the combine kernel of kernels/common, through the plan and launch_decode) on the
 // host under hip/hip_runtime.h of this directory, and compares every output
 // row with a float64 reference. Built and run by scripts/hip_check.sh; it
 // checks the kernel logic (lane layouts, permutations, online softmax,
@@ -15,17 +15,23 @@
 #include <type_traits>
 #include <vector>
 
-#include "hip/decode_kernel_mfma.cuh"  // the register dequantisers, tested directly
-#include "hip/decode_launch.h"
-#include "mla_decode/addressing_hip.h"
-#include "mla_decode/formats_hip.h"
-#include "mla_decode/params.h"
+#include "common/addressing_hip.h"
+#include "common/formats_hip.h"
+#include "common/params.h"
+#include "kernels/cdna/mfma_kernel_hip.cuh"  // the register dequantisers, tested directly
+#include "kernels/common/launch_hip.h"
+#include "plan/plan.h"
 
 using namespace mla_decode;
 
 namespace {
 
-constexpr int kNumCus = 16;      // "SM" count handed to plan_splits for automatic splits
+constexpr int kNumCus = 16;      // "SM" count handed to the plan for automatic splits
+#if defined(__gfx950__)
+constexpr int kArch = 950;
+#else
+constexpr int kArch = 942;
+#endif
 constexpr int kOutPad = 8;       // bf16 after each out row (sentinel-checked)
 constexpr uint16_t kSentinel = 0x1234;
 constexpr float kLseSentinel = 12345.f;
@@ -47,7 +53,7 @@ struct Case {
   int heads = 16;
   std::vector<int> q_lens, kv_lens;
   int page_size = 1;
-  int splits = 1;             // 0: plan_splits with kNumCus CUs
+  int splits = 1;             // 0: the plan, with kNumCus CUs
   int bad_token = -1;         // this referenced token (flat, item-major) points outside the cache
   bool orphan = false;        // one more query token than qo_indptr covers
   bool nan_scale_token0 = false;  // MXFP4: token 0 of item 0 gets a NaN (0xFF) block scale
@@ -332,7 +338,7 @@ int check(const Case& c, const Problem& pr, int splits, double* rel_fro) {
   return bad;
 }
 
-// Exhaustive checks of the kernel's register dequantisers (decode_kernel_mfma.cuh)
+// Exhaustive checks of the kernel's register dequantisers (kernels/cdna/mfma_kernel.cuh)
 // against the scalar decoders of formats.h: every fp8 byte in every position,
 // every E8M0 scale with every E2M1 code in every position. Returns failures.
 int check_decoders() {
@@ -479,7 +485,7 @@ int check_mfma() {
   return bad;
 }
 
-// The kernel's fp8 helpers (decode_kernel_mfma.cuh), for both flavours:
+// The kernel's fp8 helpers (kernels/cdna/mfma_kernel.cuh), for both flavours:
 //   * fp8_split of every bf16 value below the Q bound 2^(kFp8TopExp + 1):
 //     hi + lo == x exactly where x's bf16 ulp is at least the fp8 subnormal
 //     quantum, within half a quantum elsewhere; no code is out of range or
@@ -639,11 +645,15 @@ int main() {
   for (const Case& c : cases) {
     Problem pr;
     build(c, pr);
-    cuda::DeviceLimits dev;
+    plan::DeviceFacts dev;
+    dev.vendor = plan::Vendor::kAmd;
+    dev.arch = kArch;
     dev.num_sms = kNumCus;
     dev.smem_per_block_optin = dev.smem_per_sm = 64 * 1024;  // CDNA LDS (the MFMA plan ignores it)
-    cuda::SplitPlan plan = cuda::plan_splits(pr.p, dev, c.splits);
-    std::vector<float> ws((cuda::workspace_bytes(pr.p, plan) + 3) / 4 + 4);
+    plan::Overrides ov;
+    ov.num_splits = c.splits;
+    const plan::Plan plan = plan::make_plan(pr.p, dev, ov);
+    std::vector<float> ws((plan::workspace_bytes(pr.p, plan) + 3) / 4 + 4);
     const uint64_t blocks0 = emu::state().blocks_run;
     const hipError_t err = cuda::launch_decode(pr.p, plan, ws.data(), nullptr);
     const uint64_t blocks = emu::state().blocks_run - blocks0;

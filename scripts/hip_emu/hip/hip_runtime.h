@@ -15,7 +15,7 @@
 //     __syncthreads shows up as a wrong result.
 //   * __shared__ becomes `static`: workgroups run one after another.
 //   * The MFMA builtin is computed from the lane layout documented in
-//     csrc/cuda/decode_kernel_mfma.cuh (A row l%16 k 4(l/16)..+3, B col l%16
+//     csrc/kernels/cdna/mfma_kernel.cuh (A row l%16 k 4(l/16)..+3, B col l%16
 //     k 4(l/16)..+3, D col l%16 rows 4(l/16)..+3), accumulating in double.
 //   * The fp8 MFMA builtin (v_mfma_f32_16x16x32_fp8_fp8) is computed from its
 //     documented lane layout (A row l%16 k 8(l/16)..+7 in bytes 0..7, B col

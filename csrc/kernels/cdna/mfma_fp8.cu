@@ -1,0 +1,16 @@
+// Instantiates the MFMA split kernel for the fp8 cache format (one TU per
+// format). AMD only: compiled by the hipified (ROCm) build.
+#include "common/portability.h"
+#if MLA_PLATFORM_HIP
+#include "kernels/cdna/mfma_kernel.cuh"
+
+namespace mla_decode {
+namespace cuda {
+
+template cudaError_t launch_mfma<KvFormat::kFp8E4M3FN>(const DecodeLaunch&, cudaStream_t);
+template cudaError_t launch_mfma<KvFormat::kFp8E4M3FNUZ>(const DecodeLaunch&, cudaStream_t);
+
+}  // namespace cuda
+}  // namespace mla_decode
+
+#endif  // MLA_PLATFORM_HIP

@@ -1,0 +1,16 @@
+// Instantiates the mma.sync split kernel for the fp8 cache format (one TU per
+// format, so the formats compile in parallel). NVIDIA only.
+#include "common/portability.h"
+#if !MLA_PLATFORM_HIP
+#include "kernels/sm80/mma_sync_kernel.cuh"
+
+namespace mla_decode {
+namespace cuda {
+
+template cudaError_t launch_mma_sync<KvFormat::kFp8E4M3FN>(const DecodeLaunch&, cudaStream_t);
+template cudaError_t launch_mma_sync<KvFormat::kFp8E4M3FNUZ>(const DecodeLaunch&, cudaStream_t);
+
+}  // namespace cuda
+}  // namespace mla_decode
+
+#endif  // !MLA_PLATFORM_HIP

@@ -1,0 +1,554 @@
+// Split-KV MLA decode for a bf16, OCP fp8 or MXFP4 cache on Hopper (sm_90a)
+// with many heads (H >= 64): the "wide" kernel. 64 heads of one query token share every K/V
+// tile, so each key is read and fed to the tensor cores once per 64 heads
+// (the mma.sync kernel reads it once per 16, from shared memory into
+// registers, for every head group). Both products run on wgmma with their
+// operands in shared memory.
+//
+// Grid and outputs: as every split kernel (decode_common.h), with head groups
+// of kWideRows = 64 heads: x = query token * head_groups + head group, y = KV
+// split; one split writes bf16 out and lse, several write fp32 partials for
+// combine_kernel.
+//
+// Block: 384 threads, three warpgroups with fixed roles; one CTA per SM
+// (shared memory).
+//   wg 0 (scores):   S = Q K^T for a 64-token tile (wgmma m64n64k16, 36
+//                    k-steps, Q and K both K-major in shared memory), the
+//                    online softmax in registers, P (bf16; f16 for fp8) and
+//                    the per-row rescale factor alpha to shared memory.
+//   wg 1, 2 (values): O = alpha O + P V for value dims [256 (wg - 1), +256)
+//                    (wgmma m64n256k16, 4 k-steps, P K-major, V N-major: the
+//                    same stored tile read transposed), and all the loads of
+//                    K/V tiles (bf16: cp.async of 16-byte chunks; fp8 and
+//                    MXFP4: the codes of tile t+2 are loaded into registers
+//                    while tile t's PV runs and converted into its slot after
+//                    it: fp8 to f16, so both products run on f16 wgmma with Q
+//                    scaled per head into f16; MXFP4 decoded with its block
+//                    scales to bf16, whose range they need).
+// So tile t's scores (wg 0) run while tile t-1's values (wg 1, 2) run, and
+// the tensor cores see both.
+//
+// Shared memory (all operands 128-byte swizzled, see ptx_sm90.cuh):
+//   Q        64 heads x 576 dims, 9 column blocks of 64 dims (8 KB each)
+//   K/V ring 2 x (64 keys x 576 dims), the same layout; rows past the
+//            split or with a bad index are zero-filled (PV multiplies every
+//            row by its P, so they must hold finite values)
+//   P        64 heads x 64 keys bf16 (one column block), alpha[2][64]
+// 225 KB in all.
+//
+// Synchronisation. Between wg 0 and wg 1, 2: mbarriers (arrive with release,
+// wait with acquire; enum MBarrier), each completing one phase per tile, and
+// each waiter at most one phase behind by construction:
+//   full[slot]  wg 1, 2 arrive once tile t has landed in `slot` (their own
+//               copies waited for and fenced for the tensor cores); wg 0
+//               waits before its QK. Tile t+2 is issued into the slot only
+//               after tile t's PV, which waits for p_full of tile t, which wg 0
+//               arrives at after its wait.
+//   p_full      wg 0 arrives once P and alpha of tile t are stored (and fenced
+//               for the tensor cores); wg 1, 2 wait before rescaling O and
+//               issuing PV.
+//   p_empty     wg 1, 2 arrive when tile t's PV is complete; wg 0 waits
+//               before storing P of tile t+1 (alpha is double-buffered).
+//   final       wg 0 arrives with the final (m, l) rows stored.
+// Named barriers only among threads running the same code: kBarValues (wg 1
+// and 2 finished tile t's PV before either refills its slot) and kBarQ.
+#pragma once
+
+#include <math_constants.h>
+
+#include "common/addressing.h"
+#include "common/params.h"
+#include "kernels/common/launch_contract.h"
+#include "kernels/common/work.cuh"
+#include "kernels/sm80/ptx_sm80.cuh"
+#include "kernels/sm90/ptx_sm90.cuh"
+#include "kernels/sm90/tile_loader.cuh"
+
+namespace mla_decode {
+namespace cuda {
+namespace sm90 {
+namespace wide {
+
+constexpr int kThreads = 384;     // three warpgroups
+constexpr int kRows = kWideRows;  // 64 heads: the M of every wgmma
+constexpr int kColBlocks = kHeadDimQK / 64;            // 9 column blocks of 64 dims (128 bytes per row)
+constexpr int kQBlockBytes = kRows * 128;              // one column block of Q
+constexpr int kQBytes = kColBlocks * kQBlockBytes;     // 73728
+constexpr int kRingBytes = 2 * 64 * kHeadDimQK * 2;    // 147456: two 64-key tiles
+constexpr int kValueBlocksPerWg = kHeadDimV / 64 / 2;  // 4 column blocks (256 dims) per value warpgroup
+constexpr int kSwizzleGroupBytes = 8 * 128;            // SBO: 8 rows of 128 bytes
+constexpr int kLoaderThreads = 256;                    // wg 1, 2
+
+// The key tile: kTileTokens keys per stage, the N of QK and the K of PV.
+// 64-key tiles give QK its best shape (m64n64: Q's shared-memory reads
+// amortised over twice the keys) but leave room for only 2 stages. Measured
+// on the H200 (run71), 32-key tiles with 4 stages in the same bytes were
+// slower at every H = 128 sweep shape from 8k keys up (b256/kv8192 1528
+// against 1391 us); that variant is in the history (73c6c96), not here.
+constexpr int kTileTokensDefault = 64;
+template <int kTileTokens>
+struct Tile {
+  static_assert(kTileTokens == 64, "the kernel is written for 64-key tiles");
+  static constexpr int kStages = kRingBytes / (kTileTokens * kHeadDimQK * 2);  // 2
+  static constexpr int kBlockBytes = kTileTokens * 128;          // one column block of a stage
+  static constexpr int kStageBytes = kColBlocks * kBlockBytes;
+  static constexpr int kLoadersPerToken = kLoaderThreads / kTileTokens;         // 4
+  static constexpr int kChunksPerLoader = (kHeadDimQK / 8) / kLoadersPerToken;  // 18
+  static constexpr int kTokensPerLoaderWarp = 32 / kLoadersPerToken;            // 8: one bad-row word each
+  static constexpr int kFlagWords = kTileTokens / kTokensPerLoaderWarp;         // 8 per stage
+  static constexpr int kAcc = kTileTokens / 2;                                  // S accumulator registers
+};
+
+// Named barriers: only among threads that run the same code (one warpgroup,
+// or wg 1 and 2). Hand-offs between wg 0 and wg 1, 2 go through mbarriers
+// (Smem::kBars), which compute-sanitizer's racecheck and synccheck model;
+// named barriers shared by warpgroups at different code locations were
+// reported by both (run73-run75) although the SASS orders every access.
+enum NamedBarrier : int {
+  kBarValues = 1,  // wg 1, 2: both finished PV of tile t before either refills its slot
+  kBarQ = 2,       // wg 0: Q stored
+};
+// mbarriers, in this order in Smem::kBars; arrivals per phase in brackets.
+enum MBarrier : int {
+  kMbFull = 0,          // + slot [256: wg 1, 2]: tile landed; one phase per use of the slot
+  kMbPFull = 2,         // [128: wg 0]: P and alpha of tile t stored; phase t
+  kMbPEmpty = 3,        // [256: wg 1, 2]: tile t's PV complete; phase t
+  kMbFinal = 4,         // [128: wg 0]: the final (m, l) rows stored
+  kMbCount = 5,
+};
+
+struct Smem {
+  static constexpr int kQ = 0;
+  static constexpr int kKv = kQ + kQBytes;
+  static constexpr int kP = kKv + kRingBytes;          // 64 x 64 bf16: one column block
+  static constexpr int kAlpha = kP + kQBlockBytes;     // [2][64] fp32: tile t's at [t % 2]
+  static constexpr int kFinalM = kAlpha + 2 * kRows * 4;  // [64] fp32
+  static constexpr int kFinalL = kFinalM + kRows * 4;  // [64] fp32
+  static constexpr int kFlags = kFinalL + kRows * 4;   // [2 stages][8] u32: bad-row bits
+  static constexpr int kBars = kFlags + 2 * 8 * 4;     // [kMbCount] mbarriers
+  static constexpr int kQScale = kBars + kMbCount * 8;  // [64] fp32: fp8's per-head 2^-e of Q
+  static constexpr int kTotal = kQScale + kRows * 4;
+};
+static_assert(Smem::kKv % 1024 == 0 && Smem::kP % 1024 == 0, "swizzle atoms are 1024-byte aligned");
+static_assert(Smem::kBars % 8 == 0, "mbarrier alignment");
+
+
+// Register budgets of the fp8 kernel (setmaxnreg): the value warpgroups hold
+// O (128) and the codes of the next tile (36) besides their loop state, the
+// score warpgroup S (32) and the softmax state. 96 + 2 x 200 per thread of a
+// warpgroup fits the 168 x 384 the launch reserves.
+constexpr int kFp8ScoreRegs = 96;
+constexpr int kFp8ValueRegs = 200;
+
+// F: bf16 (operands as stored) or OCP fp8 (e4m3fn): Q is scaled per head into
+// f16 and the value warpgroups convert each tile's codes to f16 as they store
+// it, so both products run on f16 wgmma; the codes of tile t+2 are loaded
+// into registers one tile ahead (global loads, not cp.async: the conversion
+// needs them in registers).
+template <int kTileTokens, KvFormat F>
+__global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLaunch args) {
+  using TT = Tile<kTileTokens>;
+  constexpr int kStages = TT::kStages;
+  constexpr bool kFp8 = F == KvFormat::kFp8E4M3FN;  // also: f16 operands
+  constexpr bool kMx = F == KvFormat::kMxfp4;
+  constexpr bool kRegLoads = kFp8 || kMx;  // codes through registers, decoded as a tile is stored
+  static_assert(F == KvFormat::kBf16 || kFp8 || kMx, "bf16, OCP fp8 or MXFP4");
+#if MLA_SM90A_DEVICE
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const MlaDecodeParams& p = args.p;
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const int warp = (tid / 32) % 4;  // within the warpgroup: accumulator rows 16 warp ..
+  const int lane = tid % 32;
+  const int g = lane >> 2;
+  const int c = lane & 3;
+
+  const uint32_t smem_base = smem_u32(smem);
+  const uint32_t q_smem = smem_base + Smem::kQ;
+  const uint32_t kv_smem = smem_base + Smem::kKv;
+  const uint32_t p_smem = smem_base + Smem::kP;
+  float* alpha_smem = reinterpret_cast<float*>(smem + Smem::kAlpha);
+  float* final_m = reinterpret_cast<float*>(smem + Smem::kFinalM);
+  float* final_l = reinterpret_cast<float*>(smem + Smem::kFinalL);
+  uint32_t* flags = reinterpret_cast<uint32_t*>(smem + Smem::kFlags);
+  float* q_scale = reinterpret_cast<float*>(smem + Smem::kQScale);
+
+  const WorkItem work = locate_work<kTileTokens, kRows>(args);
+  const int kv_begin = work.kv_begin, kv_end = work.kv_end;
+  const int n_tiles = ceil_div(kv_end - kv_begin, kTileTokens);
+  const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
+  const uint32_t bars = smem_base + Smem::kBars;
+  auto mbar = [&](int i) { return bars + 8 * i; };
+  if (tid == 0) {
+    for (int i = 0; i < kStages; ++i) mbar_init(mbar(kMbFull + i), kLoaderThreads);
+    mbar_init(mbar(kMbPFull), 128);
+    mbar_init(mbar(kMbPEmpty), kLoaderThreads);
+    mbar_init(mbar(kMbFinal), 128);
+  }
+  __syncthreads();  // the mbarriers are set up (every thread, one code location)
+  // Let the combine kernel (a programmatic dependent) start launching.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+
+  if (wg == 0) {
+    // ===================== scores and softmax ===============================
+    if constexpr (kRegLoads) setmaxnreg_dec<kFp8ScoreRegs>();
+    // Q: thread tid copies row tid / 2, chunks tid % 2 + 2m; heads past H
+    // (and every head of an orphan token) are zero.
+    {
+      const int row = tid >> 1, c2 = tid & 1;
+      const int head = work.h0 + row;
+      const bool valid = !work.orphan && head < p.num_heads;
+      const uint8_t* src = static_cast<const uint8_t*>(p.q) +
+                           2 * (static_cast<int64_t>(work.t) * p.q_stride_token +
+                                static_cast<int64_t>(valid ? head : 0) * p.q_stride_head) +
+                           16 * c2;
+#pragma unroll
+      for (int m = 0; m < kHeadDimQK / 8 / 2; ++m) {
+        cp_async_16(q_smem + swizzled_offset(row, c2 + 2 * m, kQBlockBytes), src + 32 * m, valid ? 16 : 0);
+      }
+      cp_async_commit();
+      cp_async_wait<0>();
+      // fp8: f16 Q scaled per head; the head's two threads are lanes 2k, 2k + 1.
+      if constexpr (kFp8) scale_q_row_to_f16<2>(q_smem, row, c2, kQBlockBytes, q_scale);
+      fence_proxy_async_shared();
+      bar_sync(kBarQ, 128);
+    }
+
+    // A thread holds accumulator rows r0 = 16 warp + g and r0 + 8, columns
+    // (keys of the tile) 8i + 2c + e: s[4i + 2r + e].
+    const int r0 = 16 * warp + g;
+    // Score scale in the log2 domain, per accumulator row (fp8: times the
+    // cache's scale and the row's 2^-e).
+    float row_scale[2];
+    {
+      const float scale_log2 = p.sm_scale * 1.4426950408889634f;
+      if constexpr (kFp8) {
+        const float kv_scale = __ldg(p.fp8_scale);
+        row_scale[0] = scale_log2 * kv_scale * q_scale[r0];
+        row_scale[1] = scale_log2 * kv_scale * q_scale[r0 + 8];
+      } else {
+        row_scale[0] = row_scale[1] = scale_log2;
+      }
+    }
+    float m_run[2] = {-CUDART_INF_F, -CUDART_INF_F};
+    float l_run[2] = {0.f, 0.f};  // this thread's 16 columns; the quad's sum at the end
+    for (int t = 0; t < n_tiles; ++t) {
+      const int slot = t % kStages;
+      const uint32_t stage = kv_smem + slot * TT::kStageBytes;
+      mbar_wait(mbar(kMbFull + slot), (t / kStages) & 1);  // tile t landed
+
+      float s[TT::kAcc];
+      wgmma_fence();
+      // Descriptors of column block 0, k-step 0; k-step ks starts
+      // (ks / 4) block and (ks % 4) * 32 bytes on (a constant add to the
+      // start-address field, which cannot carry: addresses < 2^18).
+      const uint64_t desc_q0 = smem_desc_sw128(q_smem, 16, kSwizzleGroupBytes);
+      const uint64_t desc_k0 = smem_desc_sw128(stage, 16, kSwizzleGroupBytes);
+#pragma unroll
+      for (int ks = 0; ks < kHeadDimQK / 16; ++ks) {  // column block ks / 4, k-step ks % 4 in it
+        // (Computing each descriptor from its address instead took ~11
+        // instructions per wgmma, run73.)
+        const uint64_t desc_q = desc_q0 + (((ks / 4) * kQBlockBytes + (ks % 4) * 32) >> 4);
+        const uint64_t desc_k = desc_k0 + (((ks / 4) * TT::kBlockBytes + (ks % 4) * 32) >> 4);
+        if (ks == 0) wgmma_m64n64k16_ss<kFp8, false>(s, desc_q, desc_k);
+        else wgmma_m64n64k16_ss<kFp8, true>(s, desc_q, desc_k);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin(s);
+
+      // Word w of the stage's flags: keys kTokensPerLoaderWarp w .., key k at bit kLoadersPerToken (k % ..).
+      const uint32_t* bad_words = flags + slot * 8;
+      const int tok0 = kv_begin + t * kTileTokens;
+      float mx[2] = {-CUDART_INF_F, -CUDART_INF_F};
+      // s stays raw (scaled inside the exponent below; the scale is positive,
+      // so the maximum is the same key), and a tile whose keys are all
+      // visible and none bad (the same for every thread) skips the masks.
+      uint32_t any_bad = 0;
+#pragma unroll
+      for (int w = 0; w < TT::kFlagWords; ++w) any_bad |= bad_words[w];
+      const bool clean = tok0 + kTileTokens <= kv_end && any_bad == 0;
+      if (clean) {
+#pragma unroll
+        for (int i = 0; i < TT::kAcc; i += 4) {
+          mx[0] = fmaxf(mx[0], fmaxf(s[i], s[i + 1]));
+          mx[1] = fmaxf(mx[1], fmaxf(s[i + 2], s[i + 3]));
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < kTileTokens / 8; ++i) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = 8 * i + 2 * c + e;
+            const bool past = tok0 + col >= kv_end;
+            const uint32_t bad = bad_words[col / TT::kTokensPerLoaderWarp];
+            const bool is_bad = (bad >> (TT::kLoadersPerToken * (col % TT::kTokensPerLoaderWarp))) & 1u;
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              float v = s[4 * i + 2 * r + e];
+              v = past ? -CUDART_INF_F : (is_bad ? CUDART_NAN_F : v);
+              s[4 * i + 2 * r + e] = v;
+              mx[r] = fmaxf(mx[r], v);
+            }
+          }
+        }
+      }
+      mx[0] *= row_scale[0];
+      mx[1] *= row_scale[1];
+      float alpha[2], m_ref[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float m_new = fmaxf(m_run[r], mx[r]);
+        // -inf only while every key so far is masked: any finite reference
+        // then gives p = 0 and keeps O and l at 0.
+        m_ref[r] = m_new == -CUDART_INF_F ? 0.f : m_new;
+        alpha[r] = exp2f(m_run[r] - m_ref[r]);
+        m_run[r] = m_new;
+      }
+      uint32_t pk[kTileTokens / 4];  // bf16 pairs: pk[2i + r] = columns 8i + 2c, +1 of row r0 + 8r
+      float sum[2] = {0.f, 0.f};
+#pragma unroll
+      for (int i = 0; i < kTileTokens / 8; ++i) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float p0 = exp2f(fmaf(s[4 * i + 2 * r], row_scale[r], -m_ref[r]));
+          const float p1 = exp2f(fmaf(s[4 * i + 2 * r + 1], row_scale[r], -m_ref[r]));
+          sum[r] += p0 + p1;
+          if constexpr (kFp8) {
+            const __half2 h = __floats2half2_rn(p0, p1);
+            pk[2 * i + r] = *reinterpret_cast<const uint32_t*>(&h);
+          } else {
+            pk[2 * i + r] = mla_pack_bf16x2(p0, p1);
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * alpha[r] + sum[r];
+
+      if (t > 0) mbar_wait(mbar(kMbPEmpty), (t - 1) & 1);  // tile t-1's PV is done with P
+#pragma unroll
+      for (int i = 0; i < kTileTokens / 8; ++i) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = r0 + 8 * r;
+          const uint32_t addr = p_smem + row * 128 + ((i ^ (row & 7)) << 4) + 4 * c;
+          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(pk[2 * i + r]) : "memory");
+        }
+      }
+      if (c == 0) {
+        alpha_smem[(t & 1) * kRows + r0] = alpha[0];
+        alpha_smem[(t & 1) * kRows + r0 + 8] = alpha[1];
+      }
+      fence_proxy_async_shared();
+      mbar_arrive(mbar(kMbPFull));
+    }
+
+    // Final statistics: the quad's partial sums, then (m, l) for wg 1, 2 and
+    // the LSE.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+      l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+      if (c == 0) {
+        const int row = r0 + 8 * r;
+        final_m[row] = m_run[r];
+        final_l[row] = l_run[r];
+        const int h = work.h0 + row;
+        if (h < p.num_heads) store_head_lse(args, work, h, rows, m_run[r], l_run[r]);
+      }
+    }
+    mbar_arrive(mbar(kMbFinal));
+  } else {
+  // ===================== values and loads (wg 1, 2) ===========================
+  // (wg 0 does not return early: every warp stays to the end of the kernel.)
+  if constexpr (kRegLoads) setmaxnreg_inc<kFp8ValueRegs>();
+  // Loader: thread lt copies key lt / kLoadersPerToken of a tile, chunks
+  // lt % kLoadersPerToken + kLoadersPerToken m: a warp reads 8 rows x 64
+  // contiguous bytes per instruction.
+  const int lt = tid - 128;
+  const int ld_token = lt / TT::kLoadersPerToken, ld_c0 = lt % TT::kLoadersPerToken;
+  const uint8_t* kv_base = static_cast<const uint8_t*>(p.kv);
+  const bool contiguous = p.layout == KvLayout::kIndptr;
+  const int64_t contiguous_base = (contiguous && !work.orphan) ? static_cast<int64_t>(__ldg(p.kv_indptr + work.b)) : 0;
+  const TileCodeLoader loader{p, kv_base, work.b, kv_begin, kv_end, ld_token, ld_c0, contiguous, contiguous_base};
+  const uint32_t ld_dst = kv_smem + ld_token * 128;
+  auto issue_tile = [&](int tile) {
+    if (tile < n_tiles) {
+      const int slot = tile % kStages;
+      const int64_t r = loader.key_row(tile);
+      const uint32_t bad = __ballot_sync(0xffffffffu, r == -1);
+      if (lane == 0) flags[slot * 8 + lt / 32] = bad;
+      const uint8_t* src = kv_base + (r >= 0 ? r : 0) * p.kv_row_stride_bytes + 16 * ld_c0;
+      const int src_bytes = r >= 0 ? 16 : 0;
+      const uint32_t dst = ld_dst + slot * TT::kStageBytes;
+#pragma unroll
+      for (int m = 0; m < TT::kChunksPerLoader; ++m) {
+        constexpr int kStep = TT::kLoadersPerToken;
+        const int within = (ld_c0 + ((kStep * m) & 7)) ^ (ld_token & 7);  // chunk % 8, swizzled
+        cp_async_16(dst + ((kStep * m) >> 3) * TT::kBlockBytes + (within << 4), src + 16 * kStep * m, src_bytes);
+      }
+    }
+    cp_async_commit();  // one group per tile, empty past the end
+  };
+  // fp8: the same thread-to-chunk map on the codes (16-byte chunk j of a row
+  // is 16 codes, dims 16j..16j+15, which become the f16 chunks 2j and 2j+1),
+  // loaded into registers by fetch_tile and converted into a slot by
+  // store_tile. Keys past the split or with a bad index hold zero codes.
+  uint4 codes[kHeadDimQK / 16 / 4];  // 9 chunks of 16 codes
+  uint32_t codes_bad = 0;            // the warp's bad-key ballot for those codes
+  // MXFP4: thread lt holds 8-byte chunks j = ld_c0 + 4m of its key's 288
+  // code bytes (16 codes, dims 16j..16j+15, half of MX block j / 2) and the
+  // E8M0 byte of each chunk's block. (codes[] above stays unused.)
+  uint2 mx_codes[kHeadDimQK / 16 / 4];
+  uint32_t mx_e[kHeadDimQK / 16 / 4];
+  auto fetch_tile = [&](int tile) {
+    if (tile < n_tiles) {
+      const int64_t r = loader.key_row(tile);
+      codes_bad = __ballot_sync(0xffffffffu, r == -1);
+      loader.fetch<kMx>(r, codes, mx_codes, mx_e);
+    }
+  };
+  // f16 / bf16 chunks 2j and 2j + 1 of code chunk j = ld_c0 + 4m sit in
+  // column block m at the same swizzled positions for every m.
+  const uint32_t st_lo = kv_smem + ld_token * 128 + (((2 * ld_c0) ^ (ld_token & 7)) << 4);
+  const uint32_t st_hi = kv_smem + ld_token * 128 + (((2 * ld_c0 + 1) ^ (ld_token & 7)) << 4);
+  // MXFP4: 8 codes (one 32-bit word, dims 8x..8x+7) to 4 bf16x2 words in dim
+  // order. e2m1_pair_bits<P> gives the pair (code P, code P+4); prmt
+  // regroups them into (0, 1), (2, 3), (4, 5), (6, 7).
+  auto mx_word_to_bf16 = [&](uint32_t w, uint32_t scales, uint32_t (&out)[4]) {
+    const uint32_t d0 = e2m1_pair_bits<0>(w, scales), d1 = e2m1_pair_bits<1>(w, scales);
+    const uint32_t d2 = e2m1_pair_bits<2>(w, scales), d3 = e2m1_pair_bits<3>(w, scales);
+    out[0] = prmt(d0, d1, 0x5410);
+    out[1] = prmt(d2, d3, 0x5410);
+    out[2] = prmt(d0, d1, 0x7632);
+    out[3] = prmt(d2, d3, 0x7632);
+  };
+  auto store_tile = [&](int tile) {
+    if (tile < n_tiles) {
+      const int slot = tile % kStages;
+      if (lane == 0) flags[slot * 8 + lt / 32] = codes_bad;
+      const uint32_t slot_off = slot * TT::kStageBytes;
+#pragma unroll
+      for (int m = 0; m < kHeadDimQK / 16 / 4; ++m) {
+        uint32_t lo[4], hi[4];
+        if constexpr (kMx) {
+          const uint32_t scales = e8m0_to_bf16_scale_pair(mx_e[m]);
+          mx_word_to_bf16(mx_codes[m].x, scales, lo);
+          mx_word_to_bf16(mx_codes[m].y, scales, hi);
+        } else {
+          e4m3x8_to_f16(codes[m].x, codes[m].y, lo);
+          e4m3x8_to_f16(codes[m].z, codes[m].w, hi);
+        }
+        const uint32_t off = slot_off + m * TT::kBlockBytes;
+        st_shared_v4(st_lo + off, lo);
+        st_shared_v4(st_hi + off, hi);
+      }
+      fence_proxy_async_shared();
+      mbar_arrive(mbar(kMbFull + slot));
+    }
+  };
+  // Tiles 0 .. kStages-1 fill the ring; tile t + kStages is issued into tile
+  // t's slot once tile t's PV is done.
+  if constexpr (kRegLoads) {
+    static_assert(kStages == 2, "tiles 0 and 1 stored, tile 2 fetched ahead");
+    fetch_tile(0);
+    store_tile(0);
+    fetch_tile(1);
+    store_tile(1);
+    fetch_tile(2);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kStages; ++j) issue_tile(j);
+    if (n_tiles > 0) {
+      cp_async_wait<kStages - 1>();
+      fence_proxy_async_shared();
+      mbar_arrive(mbar(kMbFull + 0));
+    }
+  }
+
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  const int vwg = wg - 1;
+  const int r0 = 16 * warp + g;
+  const int v_block0 = vwg * kValueBlocksPerWg;
+  for (int t = 0; t < n_tiles; ++t) {
+    const int slot = t % kStages;
+    mbar_wait(mbar(kMbPFull), t & 1);  // P and alpha of tile t stored
+    const float a0 = alpha_smem[(t & 1) * kRows + r0], a1 = alpha_smem[(t & 1) * kRows + r0 + 8];
+    // Skipped when no row of the warp changed its maximum (alpha = 1), the
+    // usual case after the first tiles (a warp-uniform branch).
+    if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        o[4 * i] *= a0;
+        o[4 * i + 1] *= a0;
+        o[4 * i + 2] *= a1;
+        o[4 * i + 3] *= a1;
+      }
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kTileTokens / 16; ++kk) {
+      const uint64_t desc_p = smem_desc_sw128(p_smem + 32 * kk, 16, kSwizzleGroupBytes);
+      const uint64_t desc_v = smem_desc_sw128(kv_smem + slot * TT::kStageBytes + v_block0 * TT::kBlockBytes + kk * 16 * 128,
+                                              TT::kBlockBytes, kSwizzleGroupBytes);
+      wgmma_m64n256k16_ss_tnspb<kFp8, true>(o, desc_p, desc_v);
+    }
+    wgmma_commit();
+    if (!kRegLoads && t + 1 < n_tiles) {  // tile t+1 landed (tiles up to t + kStages - 1 may be pending): hand it to wg 0
+      cp_async_wait<kStages - 2>();
+      fence_proxy_async_shared();
+      mbar_arrive(mbar(kMbFull + (t + 1) % kStages));
+    }
+    wgmma_wait<0>();
+    pin(o);
+    bar_sync(kBarValues, kLoaderThreads);  // both value warpgroups are done with tile t
+    if (t + 1 < n_tiles) mbar_arrive(mbar(kMbPEmpty));
+    if constexpr (kRegLoads) {
+      store_tile(t + 2);  // into tile t's slot, from the codes fetched one iteration ago
+      fetch_tile(t + 3);
+    } else {
+      issue_tile(t + kStages);  // into tile t's slot
+    }
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue: O / l -------------------------------------------------------
+  mbar_wait(mbar(kMbFinal), 0);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = r0 + 8 * r;
+    const int h = work.h0 + row;
+    if (h >= p.num_heads) continue;  // no shuffles below: skipping is safe
+    const float l = final_l[row];
+    float inv = l > 0.f ? 1.f / l : 0.f;
+    if constexpr (kFp8) inv *= __ldg(p.fp8_scale);  // V's dequantisation
+    if (isnan(l) || work.orphan) inv = CUDART_NAN_F;
+    const int dim0 = 256 * vwg + 2 * c;  // + 8i
+    if (args.num_splits == 1) {
+      uint16_t* dst = static_cast<uint16_t*>(p.out) + static_cast<int64_t>(work.t) * p.out_stride_token +
+                      static_cast<int64_t>(h) * p.out_stride_head + dim0;
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        *reinterpret_cast<uint32_t*>(dst + 8 * i) = mla_pack_bf16x2(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
+      }
+    } else {
+      const int64_t out_row = static_cast<int64_t>(work.t) * p.num_heads + h;
+      float* dst = args.partial_out + (static_cast<int64_t>(work.split) * rows + out_row) * kHeadDimV + dim0;
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        *reinterpret_cast<float2*>(dst + 8 * i) = make_float2(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
+      }
+    }
+  }
+  }  // wg 1, 2
+#endif  // MLA_SM90A_DEVICE
+}
+
+}  // namespace wide
+}  // namespace sm90
+}  // namespace cuda
+}  // namespace mla_decode

@@ -1,0 +1,42 @@
+// Launcher of the Hopper (sm_90a) wide kernel (bf16, OCP fp8 and MXFP4 caches
+// with H >= 64; the plan decides when it runs). NVIDIA only: on a ROCm build
+// this translation unit is empty.
+#include "common/portability.h"
+#if !MLA_PLATFORM_HIP
+
+#include "kernels/sm90/wide_kernel.cuh"
+#include "plan/kernel_geometry.h"
+
+namespace mla_decode {
+namespace cuda {
+
+namespace {
+
+static_assert(sm90::wide::Smem::kTotal == plan::kWideSmemBytes, "plan/kernel_geometry.h: the wide kernel's layout");
+static_assert(sm90::wide::kTileTokensDefault == kHopperTileTokens, "the plan splits by 64-key tiles");
+
+template <KvFormat F>
+cudaError_t launch_wide_format(const DecodeLaunch& args, cudaStream_t stream) {
+  constexpr int kTileTokens = sm90::wide::kTileTokensDefault;
+  constexpr int kSmem = sm90::wide::Smem::kTotal;
+  static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
+  static unsigned long long configured_devices = 0;
+  return launch_with_dynamic_smem(sm90::wide::decode_wide_kernel<kTileTokens, F>, split_grid(args),
+                                  sm90::wide::kThreads, kSmem, configured_devices, stream, args);
+}
+
+}  // namespace
+
+cudaError_t launch_wide(const DecodeLaunch& args, cudaStream_t stream) {
+  switch (args.p.format) {
+    case KvFormat::kBf16: return launch_wide_format<KvFormat::kBf16>(args, stream);
+    case KvFormat::kFp8E4M3FN: return launch_wide_format<KvFormat::kFp8E4M3FN>(args, stream);
+    case KvFormat::kMxfp4: return launch_wide_format<KvFormat::kMxfp4>(args, stream);
+    default: return cudaErrorInvalidValue;  // a planning bug, reported by the dispatcher
+  }
+}
+
+}  // namespace cuda
+}  // namespace mla_decode
+
+#endif  // !MLA_PLATFORM_HIP
