@@ -3,8 +3,9 @@
 // host sync and CUDA-graph safe), allocate the split workspace from PyTorch's
 // caching allocator, and launch on the current stream under a device guard.
 #include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
 #include <torch/library.h>
 
 #include <mutex>
@@ -14,6 +15,9 @@
 #include "api/validation.h"
 #include "common/portability.h"
 #include "kernels/common/launch.h"
+#if !MLA_PLATFORM_HIP
+#include "kernels/common/stream_read.h"
+#endif
 #include "plan/plan.h"
 
 namespace mla_decode {
@@ -21,24 +25,31 @@ namespace {
 
 constexpr int kMaxDevices = 64;
 
+int device_attribute(cudaDeviceAttr attr, int device) {
+  int value = 0;
+  const cudaError_t err = cudaDeviceGetAttribute(&value, attr, device);
+  MLA_CHECK(err == cudaSuccess, "mla_decode: reading an attribute of GPU ", device, " failed: ",
+            cudaGetErrorString(err), ".");
+  return value;
+}
+
 plan::DeviceFacts gather_facts(int device) {
-  const auto* prop = at::cuda::getDeviceProperties(device);  // cached by PyTorch per device
   plan::DeviceFacts f;
-  f.num_sms = prop->multiProcessorCount;
-  f.l2_bytes = prop->l2CacheSize;
+  f.num_sms = device_attribute(cudaDevAttrMultiProcessorCount, device);
+  f.l2_bytes = device_attribute(cudaDevAttrL2CacheSize, device);
 #if MLA_PLATFORM_HIP
   f.vendor = plan::Vendor::kAmd;
-  f.arch = 0;
   // The MFMA kernel stays within the 64 KB of LDS every CDNA part has.
-  f.smem_per_block_optin = static_cast<int>(prop->sharedMemPerBlock);
-  f.smem_per_sm = static_cast<int>(prop->sharedMemPerBlock);
+  f.smem_per_block_optin = device_attribute(cudaDevAttrMaxSharedMemoryPerBlock, device);
+  f.smem_per_sm = f.smem_per_block_optin;
 #else
   f.vendor = plan::Vendor::kNvidia;
-  f.arch = 10 * prop->major + prop->minor;
+  f.arch = 10 * device_attribute(cudaDevAttrComputeCapabilityMajor, device) +
+           device_attribute(cudaDevAttrComputeCapabilityMinor, device);
   f.sm90a_kernels = cuda::built_with_sm90a_kernels() && f.arch == 90;
   f.tensor_maps = cuda::driver_encodes_tensor_maps();
-  f.smem_per_block_optin = static_cast<int>(prop->sharedMemPerBlockOptin);
-  f.smem_per_sm = static_cast<int>(prop->sharedMemPerMultiprocessor);
+  f.smem_per_block_optin = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  f.smem_per_sm = device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
 #endif
   return f;
 }
@@ -78,7 +89,7 @@ void run_decode(const DecodeInputs& in, const at::Tensor& out, const at::Tensor&
   at::Tensor workspace;
   if (ws_bytes > 0) workspace = at::empty({static_cast<int64_t>(ws_bytes)}, in.q.options().dtype(at::kByte));
   const cudaError_t err = cuda::launch_decode(p, plan, ws_bytes > 0 ? workspace.data_ptr() : nullptr,
-                                              at::cuda::getCurrentCUDAStream());
+                                              c10::cuda::getCurrentCUDAStream());
   MLA_CHECK(err == cudaSuccess, "mla_decode: the ", plan::kernel_name(plan.kernel), " decode kernel failed to "
             "launch on ", in.q.device(), ": ", cudaGetErrorString(err), " (format ", format_name(p.format), ", ",
             p.total_q, " query tokens, ", p.num_heads, " heads, ", plan.num_splits, " splits).");
@@ -121,10 +132,33 @@ std::string explain_cuda(const at::Tensor& q, const at::Tensor& kv_cache, const 
   return describe_plan(plan::make_plan(p, facts, ov.plan), p, facts);
 }
 
+#if !MLA_PLATFORM_HIP
+void stream_read_cuda(const at::Tensor& data, at::Tensor& sink) {
+  MLA_CHECK(data.is_cuda() && data.is_contiguous(), "mla_decode._stream_read: data must be a contiguous GPU "
+            "tensor, but it is a ", data.is_contiguous() ? "contiguous" : "non-contiguous", " tensor on ",
+            data.device(), ".");
+  MLA_CHECK(reinterpret_cast<uintptr_t>(data.data_ptr()) % 16 == 0, "mla_decode._stream_read: data must start "
+            "on a 16-byte boundary.");
+  MLA_CHECK(sink.device() == data.device() && sink.scalar_type() == at::kLong && sink.numel() == 1,
+            "mla_decode._stream_read: sink must be one int64 on ", data.device(), ", but it is ", sink.numel(),
+            " ", sink.scalar_type(), " on ", sink.device(), ".");
+  const c10::cuda::CUDAGuard device_guard(data.device());
+  const cudaError_t err = cuda::launch_stream_read(data.data_ptr(), data.numel() * data.element_size(),
+                                                   device_facts(data.device().index()).num_sms,
+                                                   reinterpret_cast<unsigned long long*>(sink.data_ptr()),
+                                                   c10::cuda::getCurrentCUDAStream());
+  MLA_CHECK(err == cudaSuccess, "mla_decode._stream_read failed to launch on ", data.device(), ": ",
+            cudaGetErrorString(err), ".");
+}
+#endif
+
 }  // namespace
 }  // namespace mla_decode
 
 TORCH_LIBRARY_IMPL(mla_decode, CUDA, m) {
+#if !MLA_PLATFORM_HIP
+  m.impl("_stream_read", &mla_decode::stream_read_cuda);
+#endif
   m.impl("decode", &mla_decode::decode_functional<&mla_decode::decode_out_cuda>);
   m.impl("decode_out", &mla_decode::decode_out_cuda);
   m.impl("_decode_out_with", &mla_decode::decode_out_with_cuda);

@@ -76,6 +76,9 @@ TORCH_LIBRARY(mla_decode, m) {
       "explain(Tensor q, Tensor kv_cache, Tensor? kv_scale, Tensor qo_indptr, "
       "Tensor? kv_indptr, Tensor? kv_indices, Tensor? block_table, Tensor? kv_lens, "
       "int page_size, float sm_scale, int num_splits=0, str overrides=\"\") -> str");
+  // The benchmark's streaming floor (CUDA only): reads every byte of `data`
+  // once and XORs them into `sink` (kernels/common/stream_read.cu).
+  m.def("_stream_read(Tensor data, Tensor(a!) sink) -> ()");
   // Build information, for mla_decode.info(): "cpu", "cpu,cuda", "cpu,hip".
   m.def("backends() -> str", &mla_decode::compiled_backends);
 }
