@@ -161,8 +161,8 @@ def build_extension():
         return ext, backend
 
     # The GPU dispatcher, the launcher and combine (kernels/common), and each
-    # vendor's kernels: sm80 + sm90 for CUDA, cdna for ROCm (hipified).
-    kernel_dirs = ("common", "sm80", "sm90") if backend == "cuda" else ("common", "cdna")
+    # vendor's kernels: sm80 + sm90 (+ bench: the streaming floor) for CUDA, cdna for ROCm (hipified).
+    kernel_dirs = ("common", "sm80", "sm90", "bench") if backend == "cuda" else ("common", "cdna")
     gpu_sources = ["csrc/api/dispatch_cuda.cpp"]
     gpu_sources += sorted(rel(p) for d in kernel_dirs for p in (CSRC / "kernels" / d).glob("*.cu"))
     if backend == "cuda":

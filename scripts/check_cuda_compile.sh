@@ -21,7 +21,7 @@ trap 'rm -rf "$tmp"' EXIT
 status=0
 for arch in "${ARCHS[@]}"; do
   label=$(echo "$arch" | sed -E 's/.*code=(sm_[0-9a]+).*/\1/')
-  for cu in csrc/kernels/common/*.cu csrc/kernels/sm80/*.cu csrc/kernels/sm90/*.cu; do
+  for cu in csrc/kernels/common/*.cu csrc/kernels/sm80/*.cu csrc/kernels/sm90/*.cu csrc/kernels/bench/*.cu; do
     # shellcheck disable=SC2086  # $arch is a list of flags
     if "$NVCC" -std=c++17 -O3 --expt-relaxed-constexpr --use_fast_math -I csrc $arch -Xptxas=-v,-warn-spills \
         -c "$cu" -o "$tmp/$(basename "$cu").o" > "$tmp/log" 2>&1; then

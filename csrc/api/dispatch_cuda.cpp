@@ -16,7 +16,7 @@
 #include "common/portability.h"
 #include "kernels/common/launch.h"
 #if !MLA_PLATFORM_HIP
-#include "kernels/common/stream_read.h"
+#include "kernels/bench/stream_read.h"
 #endif
 #include "plan/plan.h"
 

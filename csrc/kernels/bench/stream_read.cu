@@ -8,7 +8,7 @@
 #include "common/portability.h"
 #if !MLA_PLATFORM_HIP
 
-#include "kernels/common/stream_read.h"
+#include "kernels/bench/stream_read.h"
 
 namespace mla_decode {
 namespace cuda {
