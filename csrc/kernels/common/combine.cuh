@@ -32,9 +32,9 @@ constexpr int kManySplitsChunk = 32, kManySplitsRows = 1;
 //   kChunk 8, kRows 2 (64 registers, four blocks per SM) for plans of up to 8
 //     splits, which have many rows;
 //   kChunk 32, kRows 1 (~190 registers) for more splits, which have few rows:
-//     one round trip where chunks of 8 took four (measured: 4.5 -> 3.7 us
-//     after the split kernel at 32 splits), and one row per block so the
-//     rows' 64 KB of partials are read by as many SMs as there are rows.
+//     one round trip where chunks of 8 take four (measured faster at 32
+//     splits, docs/performance.md), and one row per block so the rows' 64 KB
+//     of partials are read by as many SMs as there are rows.
 // There are no cross-lane operations, so the code is the same for 32- and
 // 64-wide warps.
 template <int kChunk, int kRows>

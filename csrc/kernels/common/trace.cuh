@@ -1,9 +1,12 @@
 // Opt-in timeline probes for the CUDA kernels (a measurement tool, not part of
-// any normal build). Built with -DMLA_DECODE_TRACE (scripts/trace_timeline.py
-// sets it), thread 0 of a few CTAs records %globaltimer (ns, one clock for
-// every SM and kernel) at named points and prints one line at the end:
-//   TRACE <kernel> <blockIdx.x> <blockIdx.y> <label>=<ns> ...
-// Without the macro every probe compiles to nothing.
+// any normal build; the mma.sync split kernel and the combine kernel carry
+// them). Built with -DMLA_DECODE_TRACE (setup.py adds it when MLA_DECODE_TRACE=1
+// is set at build time; scripts/trace_timeline.py reads the output), thread 0
+// of a few CTAs records %globaltimer (ns, one clock for every SM and kernel)
+// at named points and prints one line at the end:
+//   TRACE <kernel> <blockIdx.x> <blockIdx.y> <t0> <t1 - t0> <t2 - t0> ...
+// (-1 for points not reached). Without the macro every probe compiles to
+// nothing.
 #pragma once
 
 #include <cstdint>

@@ -15,7 +15,9 @@
 //   2. The 4 partial tiles of each token are summed through shared memory;
 //      16 threads per row run the online softmax (log2 domain) and write P
 //      (bf16, or fp16 for OCP fp8) and the rescale factor alpha.
-//   CTA barriers per stage: three, or two for OCP fp8 (see the tile loop).
+//   CTA barriers per stage: three, or two where no decoded tile exists and the
+//   ring has at least three stages (OCP fp8, bf16's 4-stage ring; see the
+//   tile loop).
 //   3. PV, split over the value dim: warp w owns dims [64w, 64w+64) and
 //      accumulates O (16 x 64 fp32 = 32 registers per thread).
 // fp8 and MXFP4 rows are dequantised in registers right before their mma
@@ -62,7 +64,7 @@ __device__ __forceinline__ int brev3(int x) { return ((x & 1) << 2) | (x & 2) | 
 
 // ---------------------------------------------------------------------------
 // Value-dim column mapping per format: output dim of (n-tile j, column n) in
-// the warp's 128-dim slice. C fragments hold columns 2c and 2c+1.
+// the warp's 64-dim slice. C fragments hold columns 2c and 2c+1.
 // ---------------------------------------------------------------------------
 // Stores one row-half (half 0: row g, half 1: row g+8) of the PV accumulator
 // to 512 contiguous values at `dst` (bf16 when OutT == __nv_bfloat16, else
@@ -80,8 +82,8 @@ __device__ __forceinline__ int brev3(int x) { return ((x & 1) << 2) | (x & 2) | 
 // `valid`: whether this thread's row exists (a head < num_heads). Every lane
 // of the warp must call this, valid or not: the pair-order regrouping below
 // shuffles across the whole warp (a lane that skipped the call while another
-// waited in __shfl_sync is undefined behaviour: with a CTA barrier after the
-// epilogue (the fused-combine experiment, session 6) it hung at H = 1 MXFP4).
+// waited in __shfl_sync is undefined behaviour, and hangs at H = 1 MXFP4 once a
+// CTA barrier follows the epilogue).
 template <bool kPairedDims, typename OutT, bool kPairOrder = false>
 __device__ __forceinline__ void store_row(const float (&o)[kVTiles][4], int half, float scale, OutT* dst, int warp,
                                           int c, bool valid) {
@@ -89,8 +91,9 @@ __device__ __forceinline__ void store_row(const float (&o)[kVTiles][4], int half
   if constexpr (kPairOrder) {
     // In a pair-order group thread c holds dims c and c + 4; four shuffles
     // among the group's 4 lanes give it dims 2c and 2c + 1 instead, so every
-    // store covers whole 32-byte sectors (scalar stores of dims c, c + 4 made
-    // split-heavy shapes ~2 us slower, docs/performance.md v21).
+    // store covers whole 32-byte sectors (scalar stores of dims c and c + 4
+    // half-fill each sector of the fp32 partials: measured slower at the
+    // split-heavy shapes, docs/performance.md).
     const int lane_base = (threadIdx.x % 32) & ~3;
     const int src0 = (2 * c) & 3, src1 = (2 * c + 1) & 3;
 #pragma unroll
@@ -149,26 +152,26 @@ __device__ __forceinline__ void store_row(const float (&o)[kVTiles][4], int half
 // fp16 in one instruction (to bf16 it takes four), so the fp8 path runs the
 // tensor cores in fp16: K and V are exact in fp16, P in [0, 1] is more precise
 // in fp16 than in bf16, and Q is scaled by a power of two per CTA so that its
-// largest element lands in [2^14, 2^15) (exact for every element within 2^38
-// of the largest; the factor is removed from the scores in fp32).
+// largest element lands in [2^14, 2^15) (every element down to 2^-31 of the
+// largest is exact in fp16, smaller ones keep fewer bits; the factor is
+// removed from the scores in fp32).
 template <KvFormat F>
 constexpr bool kMmaF16 = F == KvFormat::kFp8E4M3FN;
 
 // Whether QK accumulates its even and odd k-steps in separate chains (four
 // chains of at most 5 mma per warp instead of two of 9, summed before the
-// scores are stored). Measured on the H200 (docs/performance.md, session 6,
-// one build, A/B): MXFP4 gains 0.4-0.8 us at B = 32 and 64, kv = 1024 and
-// its geomean 1-2%; OCP fp8 loses ~3% at the large shapes (b256/kv8192 409
-// -> 424 us) and bf16 is unchanged (and would spill a register at sm_90a),
-// so those two keep two chains.
+// scores are stored). Measured on the H200 (docs/performance.md): MXFP4 gains
+// at the mid shapes (its competition geomean by 1-2%); OCP fp8 loses ~3% at
+// the large shapes and bf16 is unchanged (and would spill a register at
+// sm_90a), so those two keep two chains.
 template <KvFormat F>
 constexpr bool kSplitQkChains = F == KvFormat::kMxfp4;
 
 // Whether PV converts V from the raw fp8 stage itself (OCP e4m3: one cvt per
-// two codes) rather than reading rows the QK warps decoded. Measured on the
-// H200 (docs/performance.md, run 23): fp8 b256/kv8192 512 -> 449 us; the
-// decoded tile's 36 KB of stores and 32 KB of reads per tile cost more than
-// the conversions done twice.
+// two codes) rather than reading rows the QK warps decoded: the decoded
+// tile's 36.5 KB of stores and 32 KB of reads per tile cost more than the
+// conversions done twice (measured on the H200, ~12% faster at the largest
+// competition shape; docs/performance.md).
 template <KvFormat F>
 constexpr bool kPvReadsRawFp8 = F == KvFormat::kFp8E4M3FN;
 
@@ -222,9 +225,9 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
 
   // ---- Q: the global loads go out first --------------------------------------
   // They depend on blockIdx only (the token and heads), so they are issued
-  // before the row lookup and the KV prologue: issued after those, they queued
-  // behind every CTA's burst of KV copies and Q arrived last (timeline probes,
-  // docs/performance.md v30: Q ready 2.4-5.8 us after the lookup at B = 4..64).
+  // before the row lookup and the KV prologue: issued after those, they queue
+  // behind every CTA's burst of KV copies and Q arrives last (timeline probes,
+  // trace.cuh: microseconds after the lookup at B = 4..64).
   // The registers are arranged into mma fragments after the prologue.
   // K-step kk < 8 of this warp pairs with kk ^ 1: one 16-byte (bf16),
   // 8-byte (fp8) or 4-byte (MXFP4) shared-memory load gives thread c the dims
@@ -276,8 +279,8 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
   // are exchanged with shuffles. -2: past the range (zero-fill), -1: bad index.
   // The contiguous layout (the competition's) needs no per-tile lookup: row =
   // kv_indptr[b] + j, with kv_indptr[b] read once here. (locate_work has read
-  // it already, for the length; handing it over in WorkItem re-allocated the
-  // fp8 kernel's registers and measured 3% slower at b256/kv8192, run55.)
+  // it already, for the length; handing it over in WorkItem changes the fp8
+  // kernel's register allocation, measured ~3% slower at the largest shape.)
   const bool contiguous = p.layout == KvLayout::kIndptr;
   const int64_t contiguous_base = (contiguous && !orphan) ? static_cast<int64_t>(__ldg(p.kv_indptr + b)) : 0;
   auto tile_row = [&](int tile_idx) -> int {
@@ -343,13 +346,12 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_split_kernel(const Dec
   // ---- prologue ------------------------------------------------------------
   // Tiles 0 .. kEarlyStages - 1 are issued here, the rest of the prologue
   // after Q is arranged (below). OCP fp8 issues tile 0 alone first: with all
-  // four of its prologue tiles at once, every CTA's first tile landed behind
-  // the whole burst (up to 19 MB over the GPU) and its warps sat issuing
-  // copies; measured on the H200 (docs/performance.md, v31): b4/kv8192 21.4
-  // -> 19.9 us, b32/kv1024 21.2 -> 19.5. bf16 does the same (its 2-stage
-  // kernel has one prologue tile anyway; the 4-stage variant was measured
-  // this way, v32). MXFP4 did not gain, so its tiles and scales are staged
-  // together as before.
+  // of its prologue tiles at once, every CTA's first tile lands behind the
+  // whole burst (up to 19 MB over the GPU) while its warps sit issuing
+  // copies (measured on the H200: ~7% faster at the small shapes,
+  // docs/performance.md). bf16 does the same (its 2-stage ring has one
+  // prologue tile anyway; the 4-stage ring was measured this way). MXFP4
+  // does not gain, so its tiles and scales are staged together.
   constexpr int kEarlyStages = (kPvRaw || (F == KvFormat::kBf16)) ? 1 : kStages - 1;
   static_assert(!kMx || kEarlyStages == kStages - 1, "the MXFP4 scales are staged with the early tiles");
 #pragma unroll

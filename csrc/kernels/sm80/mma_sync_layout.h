@@ -1,19 +1,19 @@
-// Shared-memory layout of the NVIDIA mma.sync split kernel (decode_kernel.cuh)
+// Shared-memory layout of the NVIDIA mma.sync split kernel (mma_sync_kernel.cuh)
 // per cache format and cp.async ring depth. Plain constexpr, visible to host
-// code, so the split plan (decode_launch.cu) can pick a ring depth that fits
-// the device before anything launches.
+// code, so the plan (csrc/plan/plan.cpp, mma_sync_plan) can pick a ring depth
+// that fits the device before anything launches.
 //
 // Each format is built with up to two ring depths (FormatTraits):
 //   kStages     the default: two CTAs per SM fit on sm_90 (228 KB per SM),
 //               which is what the tile loop is tuned for;
 //   kAltStages  bf16: 4, deeper, for grids of at most one CTA per SM (two
 //               stages alone on an SM expose every tile's load latency);
-//               OCP fp8: 4, for splits of at most 64 tiles (faster there on
-//               the H200) and for devices whose per-block opt-in limit is
-//               below the default's 103 KB (sm_86 / sm_89 / sm_120: 99 KB);
-//               e4m3fnuz: 2, for those devices; MXFP4: the same 4 (95 KB
-//               fits them).
-// split_kernel_smem_bytes() gives the bytes of each; plan_splits chooses.
+//               OCP fp8: 4, for splits of at most kFp8ShortSplitTiles tiles
+//               (plan/tuning.h; faster there on the H200) and for devices
+//               whose per-block opt-in limit is below the default's 103 KB
+//               (sm_86 / sm_89 / sm_120: 99 KB); e4m3fnuz: 2, for those
+//               devices; MXFP4: the same 4 (95 KB fits them).
+// split_kernel_smem_bytes() gives the bytes of each; the plan chooses.
 #pragma once
 
 #include "common/params.h"
@@ -32,14 +32,14 @@ struct FormatTraits;
 template <>
 struct FormatTraits<KvFormat::kBf16> {
   static constexpr int kRowBytes = 1152;
-  static constexpr int kStages = 2;     // 83 KB
-  static constexpr int kAltStages = 4;  // 156 KB: one CTA per SM (SplitPlan::stages)
+  static constexpr int kStages = 2;     // 83.5 KB
+  static constexpr int kAltStages = 4;  // 156.5 KB: grids of at most one CTA per SM (Plan::stages)
 };
 template <>
 struct FormatTraits<KvFormat::kFp8E4M3FN> {
   static constexpr int kRowBytes = 576;
   static constexpr int kStages = 5;     // 103 KB: no decoded tile (PV reads the raw stage), so deeper prefetch fits
-  static constexpr int kAltStages = 4;  // 85 KB: short splits, and 99 KB devices
+  static constexpr int kAltStages = 4;  // 84.5 KB: short splits, and 99 KB devices
 };
 template <>
 struct FormatTraits<KvFormat::kFp8E4M3FNUZ> {
@@ -52,8 +52,7 @@ struct FormatTraits<KvFormat::kMxfp4> {
   static constexpr int kRowBytes = 288;
   // 95 KB with the decoded tile, so it fits 99 KB devices too: no second ring.
   // Faster than 5 stages (107 KB) or equal at every competition shape on the
-  // H200 (session 7, run58, alternating runs: geomean 59.3 / 60.2 against
-  // 61.2 / 60.6 us; b32/kv1024 22.1 against 23.2).
+  // H200 (docs/performance.md).
   static constexpr int kStages = 4;
   static constexpr int kAltStages = 4;
 };

@@ -1,9 +1,9 @@
 // Thin wrappers over the sm_80+ instructions the CUDA kernels use:
 // mma.sync (bf16 and fp16 m16n8k16), ldmatrix, cp.async, prmt, and the
 // register-level format conversions (e4m3 -> fp16, e4m3fnuz -> bf16,
-// E2M1 -> bf16). Each wrapper is one or a
-// few instructions; the fragment layouts they assume are documented in
-// decode_kernel.cuh.
+// E2M1 -> bf16) and power-of-two Q scaling, which the Hopper kernels
+// (kernels/sm90) share. Each wrapper is one or a few instructions; the
+// mma.sync fragment layouts they assume are documented in mma_sync_kernel.cuh.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -125,8 +125,8 @@ __device__ __forceinline__ __nv_bfloat162 bits_bf16x2(uint32_t u) {
 // bits of the largest finite |q| so far (finite bf16 magnitudes order like
 // integers; inf / NaN are left out, so a NaN head poisons only its own rows),
 // and pow2_scale_exponent gives the e with max |q| * 2^e in
-// [2^(kTopBiased - 127 - 7), 2^(kTopBiased - 127 - 6)), clamped to
-// [-120, 120]; 0 when amax is 0.
+// [2^(kTopBiased - 127), 2^(kTopBiased - 126)) (kTopBiased: the biased
+// exponent of the scaled maximum), clamped to [-120, 120]; 0 when amax is 0.
 __device__ __forceinline__ uint32_t bf16_finite_abs_max(uint32_t w, uint32_t amax) {
   const uint32_t lo = w & 0x7FFFu, hi = (w >> 16) & 0x7FFFu;
   if (lo < 0x7F80u) amax = max(amax, lo);
@@ -154,8 +154,8 @@ __device__ __forceinline__ uint32_t e4m3fnuz_x2_to_bf16x2(uint32_t two_codes) {
 // half), code p+4 (high half)} of the 8 codes in `w` so placed (2 shifts, 2
 // masks). e2m1_pair_bits returns that pair times 2^(E-127), given `scales` =
 // bf16 {2^floor((E-1)/2), 2^ceil((E-1)/2)} (two factors because 2^(E-1)
-// overflows bf16 for E > 128): 6 instructions per pair; the prmt-table decode
-// it replaced took 7 plus the lookup (docs/performance.md, v21).
+// overflows bf16 for E > 128): 6 instructions per pair, against 7 plus a
+// table lookup for a prmt-table decode.
 template <int P>
 __device__ __forceinline__ uint32_t e2m1_pair_unscaled_bits(uint32_t w) {
   constexpr int kMag = 6 - 4 * P;   // nibble bits 0-2 -> bf16 bits 6-8 (and 22-24)

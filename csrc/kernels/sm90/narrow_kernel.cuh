@@ -1,11 +1,11 @@
 // Split-KV MLA decode for an OCP fp8, MXFP4 or bf16 cache on Hopper (sm_90a)
-// with few heads (H < 64, head groups of 16): the "narrow" kernel. The default
-// for MXFP4 from 16k query tokens x keys, for fp8 and bf16 on long sequences
-// only (narrow_kernel_pays_off in decode_launch.cu; docs/performance.md). OCP
-// fp8 with the indptr layout takes its register-V form instead
-// (decode_kernel_narrow_fp8_sm90.cuh) unless MLA_DECODE_NARROW_QK=f16. bf16
-// (indptr layout only) needs no decode: its tiles land by TMA straight into
-// the slot's layout below (one thread of wg 1 issues them; wg 1 and 2 do
+// with few heads (H < 64, head groups of 16): the "narrow" kernel. The plan
+// runs it above size thresholds (plan/tuning.h, narrow_pays_off in
+// plan/plan.cpp); OCP fp8 whose rows TMA can address (indptr layout) takes the
+// register-V kernel instead (narrow_register_v_kernel.cuh), so fp8 runs here
+// only where that kernel cannot (other layouts, no tensor maps) or when forced.
+// bf16 (indptr layout only) needs no decode: its tiles land by TMA straight
+// into the slot's layout below (one thread of wg 1 issues them; wg 1 and 2 do
 // nothing else), and the split's last tile has its rows past the end zeroed
 // before PV, since they may hold another item's keys or NaN.
 //
@@ -23,7 +23,7 @@
 // MXFP4 tiles (and Q) hold each 8-dim group in the order (0, 4, 1, 5, 2, 6,
 // 3, 7) that the bit decode produces; the epilogue maps O^T's rows back.
 //
-// Grid and outputs: as every split kernel (decode_common.h), with head groups
+// Grid and outputs: as every split kernel (launch_contract.h), with head groups
 // of kNarrowRows = 16 heads: x = query token * head_groups + head group,
 // y = KV split; one split writes bf16 out and lse, several write fp32
 // partials for combine_kernel.
@@ -39,16 +39,19 @@
 //                     next tile decoded into registers, then stored into its
 //                     slot once the tile that held the slot is through PV.
 //
-// Shared memory (operands 128-byte swizzled, see tile_loader_sm90.cuh):
+// Shared memory (operands 128-byte swizzled: tile_loader.cuh, ptx_sm90.cuh):
 //   Q        16 heads x 576 dims, 9 column blocks of 16 rows (2 KB each)
 //   K/V ring 2 x (64 keys x 576 dims, 16-bit), 9 column blocks of 64 rows
 //   P^T      16 heads x 64 keys (one column block of 16 rows)
 //   the per-warp maxima exchange [2][4][16], the per-warp sums [4][16],
-//   bad-row flags, mbarriers, fp8's per-head Q scale. ~169 KB.
+//   bad-row flags, mbarriers, fp8's per-head Q scale. 168,864 bytes
+//   (164.9 KiB; Smem below).
 //
 // Synchronisation (mbarriers; named barriers only within wg 0):
 //   full[slot]   producers arrive once tile t is stored into `slot` and
-//                fenced for the tensor cores; the consumer waits before QK.
+//                fenced for the tensor cores (bf16: the TMA issuer's arrival
+//                with the tile's byte count, completed by the copies); the
+//                consumer waits before QK.
 //   empty[slot]  the consumer arrives once tile t's PV is complete; the
 //                producers wait before storing tile t+2 into the slot.
 //
@@ -58,8 +61,8 @@
 
 // TMA tensor maps (the bf16 form's tiles, the fp8 register-V kernel's codes)
 // exist from CUDA 12.0; older toolkits compile these kernels with an opaque
-// stand-in for the kernel parameter, and the launcher never selects the TMA
-// forms there (narrow_register_v_applies, narrow_bf16_applies).
+// stand-in for the kernel parameter, driver_encodes_tensor_maps() is false
+// there, and the plan never selects the TMA forms (plan.cpp, why_not_tma_rows).
 #if defined(CUDA_VERSION) && CUDA_VERSION >= 12000
 #define MLA_NARROW_HAS_TMA 1
 namespace mla_decode {
@@ -150,8 +153,8 @@ __device__ __forceinline__ uint64_t opaque(uint64_t x) {
 
 // Register budgets (setmaxnreg): the consumer holds O^T (64), S (8) and the
 // softmax state (ptxas allocates within the decreased budget: at 112 it
-// spilled); the producers the next tile's codes (36 fp8 / 27 MXFP4). 136 + 2
-// x 184 fits the 168 x 384 the launch reserves.
+// spills); the producers two tiles of codes (2 x 36 fp8 / 2 x 27 MXFP4) and
+// one decoded tile (72). 136 + 2 x 184 fits the 168 x 384 the launch reserves.
 constexpr int kConsumerRegs = 136;
 // Lazy rescaling threshold (log2 domain): P = exp2(s - m_run) <= 2^8.
 constexpr float kLazyLog2 = 8.f;
@@ -182,8 +185,8 @@ __device__ __forceinline__ MxChunkBf16 mx_chunk_to_bf16(uint2 codes, uint32_t e)
                       mx_pair_to_bf16<kOneFactor, 2>(codes.y, scale), mx_pair_to_bf16<kOneFactor, 3>(codes.y, scale)}};
 }
 // E > 128 (and the NaN block, E = 255). Not inlined: rare, and nine inlined
-// copies per stored tile overflow the instruction cache (session 11: a
-// duplicated decode loop added 16% of no-instruction stalls).
+// copies per stored tile overflow the instruction cache (a duplicated decode
+// loop was measured to add 16% of no-instruction stalls).
 __device__ __noinline__ MxChunkBf16 mx_chunk_to_bf16_two_factors(uint2 codes, uint32_t e) {
   return mx_chunk_to_bf16<false>(codes, e);
 }
@@ -285,7 +288,7 @@ __device__ __forceinline__ void publish_row_sums(float (&l_part)[4], float* sum_
 
 // kv_map (bf16 only; the other formats ignore it): the tensor map over the
 // cache rows (dims {576, cache rows} bf16, boxes {64, 64}, 128-byte swizzle:
-// one column block of a slot per box; decode_narrow_sm90.cu encodes it).
+// one column block of a slot per box; narrow_launch.cu encodes it per call).
 template <KvFormat F>
 __global__ void __launch_bounds__(kThreads, 1)
     decode_narrow_kernel(const DecodeLaunch args, const __grid_constant__ CodeTensorMap kv_map) {
@@ -571,9 +574,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       const bool contiguous = p.layout == KvLayout::kIndptr;
       const TileCodeLoader loader{p, kv_base, work.b, kv_begin, kv_end, ld_token, ld_c0, contiguous, contiguous_base};
       // Two tiles of codes in flight: buffer b holds those of the tiles of
-      // parity b (36 fp8 / 27 MXFP4 registers each; session 11: one buffer left
-      // the loads of ~one tile in flight per SM, 7% slower at MXFP4's large
-      // shapes, and the register-destination loads ran at ~2.8 TB/s).
+      // parity b (36 fp8 / 27 MXFP4 registers each; with one buffer only about
+      // one tile's loads are in flight per SM, measured 7% slower at MXFP4's
+      // large shapes).
       uint4 codes[2][kCodeChunks];     // fp8: 16 codes per chunk
       uint2 mx_codes[2][kCodeChunks];  // MXFP4: 16 codes per chunk
       uint32_t mx_e[2][kCodeChunks];   // MXFP4: the chunk's block scale byte

@@ -1,27 +1,27 @@
 // Split-KV MLA decode for an OCP fp8 cache (indptr layout) on Hopper (sm_90a)
 // with few heads (H < 64, head groups of 16): the narrow kernel's fp8 form
-// with V in registers ("register-V"): the default for OCP fp8 with the
-// indptr layout where the narrow kernel applies (decode_narrow_sm90.cu).
+// with V in registers ("register-V"). The plan runs it for OCP fp8 whose rows
+// TMA can address, above a size threshold (plan/tuning.h, plan/plan.cpp).
 //
-// Why (session 15, docs/kernel-design.md): session 14's e4m3-QK variant of
-// the narrow kernel (which this kernel replaced) stored each
-// tile's V decoded to f16 in shared memory (64 KB written, 64 KB read by PV,
-// 32 KB of codes read to decode it) besides the codes' TMA write (40 KB) and
-// QK's reads (36 KB + Q): ~260 KB per 64-key tile, ~2000 cycles of the 128
-// bytes per cycle an SM's shared memory moves, as long as the DRAM floor of
-// a tile (36 KB at ~18 bytes per cycle per SM). Here PV takes A = V^T from
-// registers: the value warpgroups read the codes once with ldmatrix (32 KB)
-// and convert them in registers, so no decoded V exists in shared memory
-// (~140 KB per tile), and the 64 KB of the V stage become a fourth code stage.
+// Why (docs/kernels.md): a narrow kernel whose QK reads TMA-landed codes but
+// whose PV reads V decoded to f16 in shared memory moves ~260 KB of shared
+// memory per 64-key tile (the codes' TMA write 40 KB, QK's reads 36 KB + Q,
+// 32 KB of codes read to decode V, 64 KB of f16 V written and 64 KB read by
+// PV): ~2000 cycles of the 128 bytes per cycle an SM's shared memory moves, as
+// long as the DRAM time of a tile (36 KB at ~18 bytes per cycle per SM). Here
+// PV takes A = V^T from registers: the value warpgroups read the codes once
+// with ldmatrix (32 KB) and convert them in registers, so no decoded V exists
+// in shared memory (~140 KB per tile), and the 64 KB a decoded V stage would
+// take become a fourth code stage.
 //
 //   S^T (64 keys x 16 heads) = K Q^T: 18 x wgmma m64n32k32 e4m3, A = the
 //       codes (TMA, K-major), B = Q as two e4m3 terms (hi | mid) along N,
-//       each k-step added to the scores in fp32 (session 14's QK).
+//       each k-step added to the scores in fp32.
 //   O^T (dims x 16 heads) += V^T P^T: per value warpgroup 4 M blocks of 64
 //       dims x 4 k-steps of wgmma m64n16k16 f16 with A in registers, B = P^T
 //       (f16, shared).
 //
-// Grid and outputs: as every split kernel (decode_common.h), head groups of
+// Grid and outputs: as every split kernel (launch_contract.h), head groups of
 // 16: x = query token * head_groups + head group, y = KV split; one split
 // writes bf16 out and lse, several write fp32 partials for combine_kernel.
 //
@@ -46,7 +46,8 @@
 // dim d0 + 2g + 1, and O^T's accumulator rows follow the same map (the
 // epilogue's dim = d0 + 2g + r).
 //
-// Shared memory (Smem below, ~186 KB; operand regions 1024-byte aligned):
+// Shared memory (Smem below, 189,560 bytes = 185.1 KiB; operand regions
+// 1024-byte aligned):
 //   Q terms   5 column blocks of 32 rows x 128 codes (4 KB each)
 //   codes     4 stages of 5 column blocks of 64 keys x 128 codes (TMA boxes;
 //             codes 576..639 and rows past the cache arrive as zeros)
@@ -57,8 +58,9 @@
 //   mbarriers.
 //
 // Synchronisation (mbarriers; named barriers only within wg 0; an arrival
-// by lane 0 of a warp comes after a __syncwarp, so it orders the whole
-// warp's reads):
+// by lane 0 of a warp stands for the whole warp's reads: a value warp's
+// follows a __syncwarp after its ldmatrix reads, a scorer warp's follows the
+// wgmma.wait_group that completes its QK):
 //   code_full[s]   TMA bytes + the issuing thread's arrival.
 //   code_empty[s]  the 4 scorer warps (QK of the tile done) and the 8 value
 //                  warps (their ldmatrix reads done): 12 arrivals; then wg 1's
@@ -96,18 +98,17 @@ constexpr int kValueBlocks = kHeadDimV / 2 / 64;                 // 4 M blocks o
 constexpr int kPvSteps = kTileTokens / 16;                       // 4 k-steps of 16 keys
 constexpr int kQtBlockBytes = 2 * kRows * 128;                   // 4096: a column block of Q's two terms
 // QK accumulation groups in flight (1 promoted while the rest run; 4 measured
-// the same as 2, session 15 run 4) and P^T buffers (3 the same as 2).
+// the same as 2) and P^T buffers (3 measured the same as 2).
 constexpr int kQkAccs = 2;
 constexpr int kPBufs = 2;
 // k-steps (of 18) per tensor-core accumulation group of the e4m3 QK, and the
-// scale of Q's mid term (measured with session 14's e4m3-QK variant of the
-// narrow kernel, whose QK this is). One: each k-step's 32-code product is added to the
-// scores in fp32. Measured (session 14, run114, fp8 H = 16, logits of
-// standard deviation 1 / 4 / 8, largest LSE 9 / 16 / 32): LSE error 7.6e-5 /
-// 5.5e-4 / 1.3e-3 with 1, 1.2e-4 / 8.2e-4 / 2.1e-3 with 2 (over the tests'
-// 2e-3), the mma.sync kernel's f16 QK 1e-6 / 1.5e-6 / 4.5e-6: the error
-// grows with the logits' magnitude (~4e-5 of the largest). Two were 6%
-// faster at b256/kv8192 (358 against 379 us).
+// scale of Q's mid term. One: each k-step's 32-code product is added to the
+// scores in fp32 (the e4m3 tensor cores accumulate with reduced precision,
+// ptx_sm90.cuh). Measured at fp8 H = 16 (docs/performance.md): the LSE error
+// grows with the logits' magnitude (~4e-5 of the largest), up to 1.3e-3 at
+// logits of standard deviation 8 with one k-step per group and 2.1e-3 with
+// two, over the tests' 2e-3 (two are ~6% faster at the largest shape); the
+// mma.sync kernel's f16 QK stays below 5e-6.
 constexpr int kQkStepsPerGroup = 1;
 constexpr int kQkGroups = kHeadDimQK / 32 / kQkStepsPerGroup;  // 18
 static_assert(kQkGroups * kQkStepsPerGroup * 32 == kHeadDimQK, "whole groups");
@@ -209,7 +210,7 @@ __device__ __forceinline__ void codes_to_a_fragment(uint32_t r_lo, uint32_t r_hi
 }
 
 // kv_map: the tensor map over the cache codes (dims {576, cache rows}, boxes
-// {128, 64}, 128-byte swizzle; decode_narrow_sm90.cu encodes it per call).
+// {128, 64}, 128-byte swizzle; narrow_launch.cu encodes it per call).
 __global__ void __launch_bounds__(kThreads, 1)
     decode_narrow_fp8_kernel(const DecodeLaunch args, const __grid_constant__ CodeTensorMap kv_map) {
 #if MLA_SM90A_DEVICE

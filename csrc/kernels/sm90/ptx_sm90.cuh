@@ -1,12 +1,15 @@
-// Thin wrappers over the Hopper (sm_90a) instructions of the wgmma decode
-// kernel (decode_kernel_sm90.cuh): warpgroup MMA on e4m3 (A in registers or
-// shared memory, B in shared memory), the shared-memory matrix descriptor,
-// and the proxy fence that orders ordinary shared-memory writes before the
-// tensor cores read them.
+// Thin wrappers over the Hopper (sm_90a) instructions of the wide, narrow and
+// register-V kernels (wide_kernel.cuh, narrow_kernel.cuh,
+// narrow_register_v_kernel.cuh): warpgroup MMA (bf16 / f16 with operands in
+// shared memory or A in registers; e4m3 with operands in shared memory), the
+// shared-memory matrix descriptor, mbarriers, TMA loads with an optional L2
+// policy, setmaxnreg, named barriers, and the proxy fence that orders
+// ordinary shared-memory writes before the tensor cores read them.
 //
 // Only compiled into device code for sm_90a (MLA_SM90A_DEVICE below); other
 // device passes see declarations with empty bodies that are never launched
-// (the launcher checks the device and the build, see decode_kernel_sm90.cuh).
+// (the plan selects a Hopper kernel only for an sm_90a build on an sm_90
+// device: plan.cpp, why_not_hopper).
 #pragma once
 
 #include <cuda_fp8.h>
@@ -26,8 +29,9 @@ namespace sm90 {
 
 // ---------------------------------------------------------------------------
 // Shared-memory matrix descriptor (PTX ISA, "matrix descriptor" of wgmma), for
-// the no-swizzle ("interleaved") canonical layout only: the operand is a grid
-// of core matrices, each 8 rows (M or N) x 16 bytes (K) stored as 128
+// the no-swizzle ("interleaved") canonical layout (no kernel here uses it:
+// their operands are 128-byte swizzled, smem_desc_sw128 below): the operand
+// is a grid of core matrices, each 8 rows (M or N) x 16 bytes (K) stored as 128
 // contiguous bytes; `lbo` is the byte distance between core matrices adjacent
 // in K, `sbo` between core matrices adjacent in M/N. Bits: 0-13 start address
 // >> 4, 16-29 lbo >> 4, 32-45 sbo >> 4, 62-63 swizzle mode (0: none).
@@ -84,7 +88,7 @@ __device__ __forceinline__ void wgmma_wait_dynamic(int n) {
 
 // Precision note: the e4m3 tensor cores add into the fp32 accumulator with
 // only ~14 significant bits (the DeepSeek-V3 report measured this on H800;
-// the same holds here, docs/kernel-design.md), so every chained wgmma adds a
+// the same holds on the H200, docs/kernels.md), so every chained wgmma adds a
 // truncation error relative to the accumulator's magnitude. Callers keep the
 // chains short and sum them in fp32.
 //
@@ -101,8 +105,9 @@ __device__ __forceinline__ void wgmma_m64n16k32_e4m3_rs(float (&d)[8], const uin
 #endif
 }
 
-// d (64 x N) (+)= A (64 x 32, shared, K-major) * B (32 x N, shared, K-major):
-// the two shapes the QK step uses (N = 32 for Q's mid|lo terms, N = 16 for hi).
+// d (64 x N) (+)= A (64 x 32, shared, K-major) * B (32 x N, shared, K-major),
+// N = 32 or 16 (the register-V kernel's QK uses N = 32: the hi and mid terms
+// of 16 heads' Q side by side).
 template <bool kAccumulate>
 __device__ __forceinline__ void wgmma_m64n32k32_e4m3_ss(float (&d)[16], uint64_t desc_a, uint64_t desc_b) {
 #if MLA_SM90A_DEVICE
@@ -141,13 +146,15 @@ __device__ __forceinline__ void wgmma_m64n16k32_e4m3_ss(float (&d)[8], uint64_t 
 }
 
 // ---------------------------------------------------------------------------
-// 128-byte-swizzled operands (the bf16 wide kernel, decode_kernel_wide_sm90.cuh).
-// A swizzle atom is 8 rows of 128 bytes (1024 bytes, 1024-aligned); the
-// 16-byte chunk j of row r is stored at chunk position j ^ (r % 8), which is
-// what the hardware undoes from the address bits. Descriptor fields as above,
-// plus the layout type in bits 62-63 (1: 128-byte swizzle).
-//   K-major (rows along M or N, 64 bf16 of K per row): sbo = bytes between
-//     8-row groups; lbo unused (1). A k-step of 16 elements starts 32 bytes on.
+// 128-byte-swizzled operands (every shared-memory operand of the wide, narrow
+// and register-V kernels). A swizzle atom is 8 rows of 128 bytes (1024 bytes,
+// 1024-aligned); the 16-byte chunk j of row r is stored at chunk position
+// j ^ (r % 8), which is what the hardware undoes from the address bits.
+// Descriptor fields as above, plus the layout type in bits 62-63 (1: 128-byte
+// swizzle).
+//   K-major (rows along M or N, 128 bytes of K per row: 64 bf16 / f16 or 128
+//     e4m3): sbo = bytes between 8-row groups; lbo unused (1). A k-step (16
+//     16-bit or 32 8-bit elements) starts 32 bytes on.
 //   MN-major (rows along K, 64 bf16 of M or N per row): lbo = bytes between
 //     64-element column blocks of M/N, sbo = bytes between 8-row groups of K.
 // ---------------------------------------------------------------------------
@@ -209,7 +216,7 @@ __device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t smem_addr, uint32_t
                : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0))
 #define MLA_WGMMA_SS(SHAPE, TYPE, TNSPB, NREG, IA, IB, IS) MLA_WGMMA_SS_T(SHAPE, TYPE, "0", TNSPB, NREG, IA, IB, IS)
 
-// kF16: f16 operands (the fp8 wide kernel), else bf16.
+// kF16: f16 operands (OCP fp8 on the wide and narrow kernels), else bf16.
 template <bool kF16, bool kAccumulate>
 __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
 #if MLA_SM90A_DEVICE
@@ -340,14 +347,14 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, int x
 // tiles mostly replaces its own earlier lines instead of evicting what else L2
 // holds. After a kernel that wrote more than L2's size (the competition's
 // flush; a model's previous layer) L2 is full of dirty lines, and every one a
-// read evicts costs a DRAM write: the H200 streams 37 MB in 16.7 us after a
-// 256 MB write against 12.4 us after a 256 MB read (scripts/l2_hint_probe.cu,
-// docs/performance.md run 137). With this policy the TMA unit streams it in
-// 15.2 us, and a 74 MB read in 24.7 against 27.3; from ~300 MB on it is 3-5%
-// slower, so the plan asks for it only for small caches (SplitPlan::stream_kv).
+// read evicts costs a DRAM write: measured on the H200 (docs/performance.md),
+// a plain stream of a few tens of MB takes ~35% longer after a large write
+// than after a large read, and this policy recovers part of that; from
+// ~300 MB on it is 3-5% slower, so the plan asks for it only for small caches
+// and one head group (Plan::stream_kv, plan/tuning.h).
 // (The same hint on cp.async, `cp.async.cg ... .L2::cache_hint`, is compiled
-// by ptxas 13.0 into an instruction that faults: illegal instruction, seen in
-// the probe; so the cp.async kernels go without it.)
+// by ptxas 13.0 into an instruction that faults with an illegal instruction
+// on the H200; so the cp.async kernels go without it.)
 __device__ __forceinline__ uint64_t l2_evict_first_policy() {
   uint64_t policy = 0;
 #if MLA_SM90A_DEVICE
@@ -368,8 +375,8 @@ __device__ __forceinline__ void tma_load_2d_stream(uint32_t dst, const void* map
 #endif
 }
 
-// tma_load_2d, with the L2 policy `policy` when `stream` (the plan's
-// SplitPlan::stream_kv) and without a hint otherwise.
+// tma_load_2d, with the L2 policy `policy` when `stream` (Plan::stream_kv,
+// passed as DecodeLaunch::stream_kv) and without a hint otherwise.
 __device__ __forceinline__ void tma_load_2d_maybe_stream(uint32_t dst, const void* map, int x, int y, uint32_t bar,
                                                          bool stream, uint64_t policy) {
   if (stream) {

@@ -1,8 +1,8 @@
-// Pieces shared by the Hopper wide and narrow kernels (decode_kernel_wide_sm90.cuh,
-// decode_kernel_narrow_sm90.cuh, decode_kernel_narrow_fp8_sm90.cuh): the
-// 128-byte swizzle of their wgmma operands, the f16 per-head scaling of Q for
-// OCP fp8 caches, the loader warpgroups' map of a 64-key tile of fp8 / MXFP4
-// codes onto 256 threads, and a head's LSE store.
+// Pieces shared by the Hopper wide and narrow kernels (wide_kernel.cuh,
+// narrow_kernel.cuh, narrow_register_v_kernel.cuh): the 128-byte swizzle of
+// their wgmma operands, the per-head power-of-two scaling of Q for OCP fp8
+// caches, the loader warpgroups' map of a 64-key tile of fp8 / MXFP4 codes
+// onto 256 threads, and a head's LSE store.
 #pragma once
 
 #include <math_constants.h>
@@ -19,7 +19,7 @@ namespace sm90 {
 
 // Head h's natural-log LSE from its reference maximum m (log2 domain) and row
 // sum l (-inf for an empty split; NaN for a NaN sum or an orphan token), stored
-// as the split contract says (decode_common.h): into lse with one split, else
+// as the split contract says (launch_contract.h): into lse with one split, else
 // into this split's partial_lse row. `rows` = total_q * H.
 __device__ __forceinline__ void store_head_lse(const DecodeLaunch& args, const WorkItem& work, int h, int64_t rows,
                                                float m, float l) {

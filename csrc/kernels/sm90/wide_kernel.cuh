@@ -5,7 +5,7 @@
 // registers, for every head group). Both products run on wgmma with their
 // operands in shared memory.
 //
-// Grid and outputs: as every split kernel (decode_common.h), with head groups
+// Grid and outputs: as every split kernel (launch_contract.h), with head groups
 // of kWideRows = 64 heads: x = query token * head_groups + head group, y = KV
 // split; one split writes bf16 out and lse, several write fp32 partials for
 // combine_kernel.
@@ -34,7 +34,7 @@
 //            split or with a bad index are zero-filled (PV multiplies every
 //            row by its P, so they must hold finite values)
 //   P        64 heads x 64 keys bf16 (one column block), alpha[2][64]
-// 225 KB in all.
+// 230,760 bytes (225.4 KiB) in all (Smem below).
 //
 // Synchronisation. Between wg 0 and wg 1, 2: mbarriers (arrive with release,
 // wait with acquire; enum MBarrier), each completing one phase per tile, and
@@ -82,9 +82,9 @@ constexpr int kLoaderThreads = 256;                    // wg 1, 2
 // The key tile: kTileTokens keys per stage, the N of QK and the K of PV.
 // 64-key tiles give QK its best shape (m64n64: Q's shared-memory reads
 // amortised over twice the keys) but leave room for only 2 stages. Measured
-// on the H200 (run71), 32-key tiles with 4 stages in the same bytes were
-// slower at every H = 128 sweep shape from 8k keys up (b256/kv8192 1528
-// against 1391 us); that variant is in the history (73c6c96), not here.
+// on the H200, 32-key tiles with 4 stages in the same bytes were ~10% slower
+// at every H = 128 sweep shape from 8k keys up (docs/performance.md); that
+// variant is in git history (73c6c96), not here.
 constexpr int kTileTokensDefault = 64;
 template <int kTileTokens>
 struct Tile {
@@ -102,8 +102,8 @@ struct Tile {
 // Named barriers: only among threads that run the same code (one warpgroup,
 // or wg 1 and 2). Hand-offs between wg 0 and wg 1, 2 go through mbarriers
 // (Smem::kBars), which compute-sanitizer's racecheck and synccheck model;
-// named barriers shared by warpgroups at different code locations were
-// reported by both (run73-run75) although the SASS orders every access.
+// named barriers shared by warpgroups at different code locations are
+// reported by both although the SASS orders every access.
 enum NamedBarrier : int {
   kBarValues = 1,  // wg 1, 2: both finished PV of tile t before either refills its slot
   kBarQ = 2,       // wg 0: Q stored
@@ -133,18 +133,20 @@ static_assert(Smem::kKv % 1024 == 0 && Smem::kP % 1024 == 0, "swizzle atoms are 
 static_assert(Smem::kBars % 8 == 0, "mbarrier alignment");
 
 
-// Register budgets of the fp8 kernel (setmaxnreg): the value warpgroups hold
-// O (128) and the codes of the next tile (36) besides their loop state, the
-// score warpgroup S (32) and the softmax state. 96 + 2 x 200 per thread of a
-// warpgroup fits the 168 x 384 the launch reserves.
+// Register budgets (setmaxnreg) where the value warpgroups stage codes in
+// registers (OCP fp8, MXFP4): they hold O (128) and the codes of the next
+// tile (36 fp8 / 27 MXFP4) besides their loop state, the score warpgroup S
+// (32) and the softmax state. 96 + 2 x 200 per thread of a warpgroup fits the
+// 168 x 384 the launch reserves. (bf16 keeps the launch's 168 everywhere.)
 constexpr int kFp8ScoreRegs = 96;
 constexpr int kFp8ValueRegs = 200;
 
-// F: bf16 (operands as stored) or OCP fp8 (e4m3fn): Q is scaled per head into
+// F: bf16 (operands as stored), OCP fp8 (e4m3fn: Q is scaled per head into
 // f16 and the value warpgroups convert each tile's codes to f16 as they store
-// it, so both products run on f16 wgmma; the codes of tile t+2 are loaded
-// into registers one tile ahead (global loads, not cp.async: the conversion
-// needs them in registers).
+// it, so both products run on f16 wgmma) or MXFP4 (codes and block scales
+// decoded to bf16 as a tile is stored). fp8 and MXFP4 load the codes of tile
+// t+2 into registers one tile ahead (global loads, not cp.async: the
+// conversion needs them in registers).
 template <int kTileTokens, KvFormat F>
 __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLaunch args) {
   using TT = Tile<kTileTokens>;
@@ -246,8 +248,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
       const uint64_t desc_k0 = smem_desc_sw128(stage, 16, kSwizzleGroupBytes);
 #pragma unroll
       for (int ks = 0; ks < kHeadDimQK / 16; ++ks) {  // column block ks / 4, k-step ks % 4 in it
-        // (Computing each descriptor from its address instead took ~11
-        // instructions per wgmma, run73.)
+        // (Computing each descriptor from its address instead takes ~11
+        // instructions per wgmma.)
         const uint64_t desc_q = desc_q0 + (((ks / 4) * kQBlockBytes + (ks % 4) * 32) >> 4);
         const uint64_t desc_k = desc_k0 + (((ks / 4) * TT::kBlockBytes + (ks % 4) * 32) >> 4);
         if (ks == 0) wgmma_m64n64k16_ss<kFp8, false>(s, desc_q, desc_k);
