@@ -326,6 +326,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(mbar(kMbFull + i), kBf16 ? 1 : kLoaderThreads);  // bf16: the TMA issuer (+ bytes)
       mbar_init(mbar(kMbEmpty + i), 128);
     }
+    // bf16: TMA (the async proxy) completes the full barriers; make their
+    // initialisation visible to it before the first load is issued.
+    if constexpr (kBf16) fence_mbarrier_init();
   }
   // The indptr layout's cache rows: kv_indptr[b] + j.
   const int64_t contiguous_base =

@@ -28,24 +28,6 @@ namespace cuda {
 namespace sm90 {
 
 // ---------------------------------------------------------------------------
-// Shared-memory matrix descriptor (PTX ISA, "matrix descriptor" of wgmma), for
-// the no-swizzle ("interleaved") canonical layout (no kernel here uses it:
-// their operands are 128-byte swizzled, smem_desc_sw128 below): the operand
-// is a grid of core matrices, each 8 rows (M or N) x 16 bytes (K) stored as 128
-// contiguous bytes; `lbo` is the byte distance between core matrices adjacent
-// in K, `sbo` between core matrices adjacent in M/N. Bits: 0-13 start address
-// >> 4, 16-29 lbo >> 4, 32-45 sbo >> 4, 62-63 swizzle mode (0: none).
-// ---------------------------------------------------------------------------
-// Kept as two 32-bit words so that stepping the start address is one 32-bit
-// add (shared-memory addresses < 256 KB never carry out of the 14 bits).
-__device__ __forceinline__ uint32_t smem_desc_lo(uint32_t smem_addr, uint32_t lbo) {
-  return ((smem_addr >> 4) & 0x3FFFu) | (((lbo >> 4) & 0x3FFFu) << 16);
-}
-__device__ __forceinline__ uint64_t smem_desc(uint32_t lo, uint32_t sbo) {
-  return (static_cast<uint64_t>((sbo >> 4) & 0x3FFFu) << 32) | lo;
-}
-
-// ---------------------------------------------------------------------------
 // wgmma. Issued by all 128 threads of a warpgroup. A fragment (8-bit types,
 // m64 x k32; warp w of the group supplies rows 16w..16w+15; g = lane / 4,
 // c = lane % 4; byte i of a register is k + i):
@@ -92,22 +74,9 @@ __device__ __forceinline__ void wgmma_wait_dynamic(int n) {
 // truncation error relative to the accumulator's magnitude. Callers keep the
 // chains short and sum them in fp32.
 //
-// d (64 x 16) (+)= A (64 x 32, registers) * B (32 x 16, shared, K-major).
-template <bool kAccumulate>
-__device__ __forceinline__ void wgmma_m64n16k32_e4m3_rs(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b) {
-#if MLA_SM90A_DEVICE
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
-#endif
-}
-
-// d (64 x N) (+)= A (64 x 32, shared, K-major) * B (32 x N, shared, K-major),
-// N = 32 or 16 (the register-V kernel's QK uses N = 32: the hi and mid terms
-// of 16 heads' Q side by side).
+// d (64 x 32) (+)= A (64 x 32, shared, K-major) * B (32 x 32, shared,
+// K-major): the register-V kernel's QK (N = 32: the hi and mid terms of 16
+// heads' Q side by side).
 template <bool kAccumulate>
 __device__ __forceinline__ void wgmma_m64n32k32_e4m3_ss(float (&d)[16], uint64_t desc_a, uint64_t desc_b) {
 #if MLA_SM90A_DEVICE
@@ -133,25 +102,15 @@ __device__ __forceinline__ void wgmma_m64n32k32_e4m3_ss_first(float (&d)[16], ui
       : "l"(desc_a), "l"(desc_b));
 #endif
 }
-template <bool kAccumulate>
-__device__ __forceinline__ void wgmma_m64n16k32_e4m3_ss(float (&d)[8], uint64_t desc_a, uint64_t desc_b) {
-#if MLA_SM90A_DEVICE
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
-#endif
-}
 
 // ---------------------------------------------------------------------------
 // 128-byte-swizzled operands (every shared-memory operand of the wide, narrow
 // and register-V kernels). A swizzle atom is 8 rows of 128 bytes (1024 bytes,
 // 1024-aligned); the 16-byte chunk j of row r is stored at chunk position
 // j ^ (r % 8), which is what the hardware undoes from the address bits.
-// Descriptor fields as above, plus the layout type in bits 62-63 (1: 128-byte
-// swizzle).
+// Descriptor (PTX ISA, "matrix descriptor" of wgmma): bits 0-13 the start
+// address >> 4, 16-29 lbo >> 4, 32-45 sbo >> 4, 62-63 the layout type (1:
+// 128-byte swizzle).
 //   K-major (rows along M or N, 128 bytes of K per row: 64 bf16 / f16 or 128
 //     e4m3): sbo = bytes between 8-row groups; lbo unused (1). A k-step (16
 //     16-bit or 32 8-bit elements) starts 32 bytes on.
@@ -409,13 +368,10 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 }
 
 // Named barriers (ids 1..15; 0 is __syncthreads). `count` threads, a multiple
-// of 32, take part; bar_arrive does not wait. A thread's earlier shared-memory
+// of 32, take part. A thread's earlier shared-memory
 // writes are visible to the threads that complete the barrier with bar_sync.
 __device__ __forceinline__ void bar_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-__device__ __forceinline__ void bar_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 // bar_sync that also returns whether `pred` was true in any of the `count`
 // threads (barrier.red.or): a block-uniform vote and a barrier in one.

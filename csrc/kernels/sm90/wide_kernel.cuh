@@ -150,12 +150,12 @@ constexpr int kFp8ValueRegs = 200;
 template <int kTileTokens, KvFormat F>
 __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLaunch args) {
   using TT = Tile<kTileTokens>;
-  constexpr int kStages = TT::kStages;
   constexpr bool kFp8 = F == KvFormat::kFp8E4M3FN;  // also: f16 operands
   constexpr bool kMx = F == KvFormat::kMxfp4;
-  constexpr bool kRegLoads = kFp8 || kMx;  // codes through registers, decoded as a tile is stored
   static_assert(F == KvFormat::kBf16 || kFp8 || kMx, "bf16, OCP fp8 or MXFP4");
 #if MLA_SM90A_DEVICE
+  constexpr int kStages = TT::kStages;
+  constexpr bool kRegLoads = kFp8 || kMx;  // codes through registers, decoded as a tile is stored
   extern __shared__ __align__(1024) uint8_t smem[];
   const MlaDecodeParams& p = args.p;
   const int tid = threadIdx.x;
