@@ -9,6 +9,7 @@
 
 #include "common/addressing.h"
 #include "common/params.h"
+#include "kernels/common/epilogue.cuh"
 #include "kernels/common/launch_contract.h"
 #include "kernels/common/work.cuh"
 #include "kernels/sm80/ptx_sm80.cuh"
@@ -16,23 +17,6 @@
 namespace mla_decode {
 namespace cuda {
 namespace sm90 {
-
-// Head h's natural-log LSE from its reference maximum m (log2 domain) and row
-// sum l (-inf for an empty split; NaN for a NaN sum or an orphan token), stored
-// as the split contract says (launch_contract.h): into lse with one split, else
-// into this split's partial_lse row. `rows` = total_q * H.
-__device__ __forceinline__ void store_head_lse(const DecodeLaunch& args, const WorkItem& work, int h, int64_t rows,
-                                               float m, float l) {
-  const MlaDecodeParams& p = args.p;
-  float lse = l > 0.f ? (m + __log2f(l)) * 0.6931471805599453f : -CUDART_INF_F;
-  if (isnan(l) || work.orphan) lse = CUDART_NAN_F;
-  if (args.num_splits == 1) {
-    p.lse[static_cast<int64_t>(work.t) * p.lse_stride_token + static_cast<int64_t>(h) * p.lse_stride_head] = lse;
-  } else {
-    const int64_t out_row = static_cast<int64_t>(work.t) * p.num_heads + h;
-    args.partial_lse[static_cast<int64_t>(work.split) * rows + out_row] = lse;
-  }
-}
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a K-major operand of
 // column blocks of `block_bytes` (64 16-bit elements = 128 bytes per row),
