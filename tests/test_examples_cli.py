@@ -130,3 +130,43 @@ def test_window_timer_on_the_cpu():
     t.calibrate(0.001)
     us, w0, w1 = t.window()
     assert us > 0 and w1 >= w0 and t.method == "eager-loop(cpu)" and t.calls_per_window % 2 == 0
+
+
+def test_bench_sections_with_a_peer_and_a_floor_on_the_cpu():
+    """The sections' GPU-only providers driven on the CPU: the FlashMLA adapter on
+    mla_decode.flash_mla (its current interface) and a streaming floor that sums the bytes, so
+    the interleaving, the peer and floor rows, x stream and both errors are exercised here."""
+    from mla_decode import bench, flash_mla
+    from mla_decode.bench import report, sections
+    from mla_decode.bench.providers import FlashMLAPeer, StreamFloor
+    from mla_decode.bench.timers import NullMonitor
+    from mla_decode.timing import L2Flusher
+
+    class SumFloor(StreamFloor):
+        def __init__(self):
+            self.available, self.reason, self.sink = True, "", None
+
+        def call(self, buf):
+            return buf.sum()
+
+    peer = FlashMLAPeer()
+    peer.mod, peer.api, peer.available = flash_mla, "current", True
+    dev = torch.device("cpu")
+    args = bench.parse_args(["--quick", "--iters", "3", "--seeds", "2"])
+    ctx = bench._Context(dev, L2Flusher(dev), [peer], SumFloor(), NullMonitor(), lambda m: None)
+    comp, sweep = [], []
+    sections.competition(args, ctx, comp)
+    sections.sweep(args, ctx, sweep)
+    labels = {report.label_of(r) for r in comp}
+    assert labels == {"mxfp4", "fp8", "bf16", "flash_mla:bf16", "stream:mxfp4", "stream:fp8", "stream:bf16"}
+    for r in comp:
+        assert not r["error"] and r["n"] == 3, r
+        assert r["x_stream"] is not None and (r["provider"] != "stream" or r["x_stream"] == 1.0)
+        if r["provider"] != "stream":
+            assert r["err_vs_own_cache"] < 8e-3, r
+    peer_row = next(r for r in comp if r["provider"] == "flash_mla")
+    assert peer_row["err_vs_bf16_exact"] == peer_row["err_vs_own_cache"] < 8e-3
+    assert {report.label_of(r) for r in sweep} == {"mxfp4", "fp8", "bf16", "flash_mla:bf16"}
+    assert all(not r["error"] and r["n"] == args.windows for r in sweep)
+    summary = report.summarize(comp, 1)
+    assert summary["fp8"]["x_stream"] is not None and summary["flash_mla:bf16"]["shapes"] == 1

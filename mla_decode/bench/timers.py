@@ -1,9 +1,9 @@
 """Timers of the H = 128 sweep and the GPU clock / power monitor.
 
 A sustained stream of kernels drives an H200 into its power cap (nvidia-smi
-throttle reason 0x4, SW power cap): the SM clock falls from 1980 MHz to
-1500-1600 MHz within a fraction of a second, and a benchmark that times long
-back-to-back windows measures the capped clock. The sweep therefore times
+throttle reason 0x4, SW power cap) within a fraction of a second and lowers
+its SM clock (docs/performance.md has the measurement), so a benchmark that
+times long back-to-back windows measures the capped clock. The sweep therefore times
 each provider as several short windows (a CUDA graph replayed for about
 --window-ms of GPU work), each after an idle gap (--gap-s) so that every
 window starts from the same power state, and reports the median window;
@@ -14,7 +14,9 @@ the clock and power did during each row's windows.
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -177,27 +179,36 @@ class GpuMonitor:
         if self.exe is None:
             self.reason = "nvidia-smi not found"
             return
-        self.ident = self._identify(device)
-        for fields in (QUERY_FIELDS, QUERY_FIELDS_NEW):
-            self.fields = fields
-            if self.sample_once() is not None:
-                self.available = True
-                return
+        self.ident = ""
+        for self.ident in self._identities(device):
+            for fields in (QUERY_FIELDS, QUERY_FIELDS_NEW):
+                self.fields = fields
+                if self.sample_once() is not None:
+                    self.available = True
+                    return
         self.reason = "the nvidia-smi query failed"
 
     @staticmethod
-    def _identify(device: torch.device):
+    def _identities(device: torch.device) -> list:
+        """How nvidia-smi -i may name this GPU: its UUID; its index when CUDA_VISIBLE_DEVICES does
+        not renumber the GPUs."""
+        out = []
         try:
             uuid = str(torch.cuda.get_device_properties(device).uuid)
             if uuid:
-                return uuid if uuid.startswith("GPU-") else "GPU-" + uuid
+                out.append(uuid if uuid.startswith("GPU-") else "GPU-" + uuid)
         except Exception:  # noqa: BLE001
             pass
-        return str(device.index or 0)
+        if not os.environ.get("CUDA_VISIBLE_DEVICES"):
+            out.append(str(device.index if device.index is not None else torch.cuda.current_device()))
+        return out
 
     def _cmd(self, loop: bool):
         cmd = [self.exe, "--query-gpu=" + ",".join(self.fields), "--format=csv,noheader,nounits", "-i", self.ident]
-        return cmd + (["-lms", str(self.period_ms)] if loop else [])
+        if not loop:
+            return cmd
+        # Line-buffered output when stdbuf is there (each line carries its own timestamp anyway).
+        return (["stdbuf", "-oL"] if shutil.which("stdbuf") else []) + cmd + ["-lms", str(self.period_ms)]
 
     def sample_once(self):
         try:
@@ -233,11 +244,14 @@ class GpuMonitor:
     def stop(self):
         if self._proc is None:
             return
-        self._proc.terminate()
-        try:
-            self._proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
+        # SIGINT first: nvidia-smi leaves its loop and exits normally, writing what it holds.
+        for stop in (lambda: self._proc.send_signal(signal.SIGINT), self._proc.terminate, self._proc.kill):
+            stop()
+            try:
+                self._proc.wait(timeout=3)
+                break
+            except subprocess.TimeoutExpired:
+                continue
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._proc = self._thread = None
