@@ -149,14 +149,26 @@ def test_bench_sections_with_a_peer_and_a_floor_on_the_cpu():
         def call(self, buf):
             return buf.sum()
 
+    class BrokenPeer(FlashMLAPeer):
+        name = "broken"
+
+        def call(self, st):
+            raise RuntimeError("this peer always fails")
+
     peer = FlashMLAPeer()
     peer.mod, peer.api, peer.available = flash_mla, "current", True
+    broken = BrokenPeer()
+    broken.mod, broken.api, broken.available = flash_mla, "three-argument", True
     dev = torch.device("cpu")
     args = bench.parse_args(["--quick", "--iters", "3", "--seeds", "2"])
-    ctx = bench._Context(dev, L2Flusher(dev), [peer], SumFloor(), NullMonitor(), lambda m: None)
+    ctx = bench._Context(dev, L2Flusher(dev), [peer, broken], SumFloor(), NullMonitor(), lambda m: None)
     comp, sweep = [], []
     sections.competition(args, ctx, comp)
     sections.sweep(args, ctx, sweep)
+    for rows in (comp, sweep):            # a failing provider is an error row; the others go on
+        (bad,) = [r for r in rows if r["provider"] == "broken"]
+        assert "this peer always fails" in bad["error"]
+        rows.remove(bad)
     labels = {report.label_of(r) for r in comp}
     assert labels == {"mxfp4", "fp8", "bf16", "flash_mla:bf16", "stream:mxfp4", "stream:fp8", "stream:bf16"}
     for r in comp:

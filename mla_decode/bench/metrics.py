@@ -16,7 +16,8 @@ DEFAULT_PEAK_TFLOPS = 700.0
 
 
 def cache_bytes(fmt: str, tokens: int) -> int:
-    return tokens * KV_BYTES_PER_TOKEN[fmt]
+    """Bytes of a cache of `tokens` tokens in fmt (0 for a marker row's "-")."""
+    return tokens * KV_BYTES_PER_TOKEN.get(fmt, 0)
 
 
 def metrics(fmt: str, batch: int, kv: int, heads: int, q_len: int, t_us, peak_bw: float, peak_flops: float,
