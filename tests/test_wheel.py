@@ -50,7 +50,9 @@ def wheel_env(tmp_path_factory):
     venv = base / "venv"
     _run([sys.executable, "-m", "venv", venv], cwd=base)
     py = venv / "bin" / "python"
-    res = _run([py, "-m", "pip", "install", "-q", f"torch=={TORCH_RELEASE}"], cwd=base, check=False, timeout=1200)
+    # Bounded retries: on a machine without network the answer comes quickly.
+    res = _run([py, "-m", "pip", "install", "-q", "--retries", "1", "--timeout", "30", f"torch=={TORCH_RELEASE}"],
+               cwd=base, check=False, timeout=1200)
     if res.returncode != 0:
         msg = f"cannot install torch=={TORCH_RELEASE} into a fresh venv: {res.stderr.strip().splitlines()[-1:]}"
         if os.environ.get("CI"):
