@@ -2,7 +2,15 @@
 
 Builds against the torch that is already installed:
 
-    pip install --no-build-isolation -e .
+    pip install --no-build-isolation -e .           # editable, from this checkout
+    pip wheel --no-build-isolation --no-deps .      # a wheel for this torch
+
+Every build (editable, wheel, build_ext --inplace) compiles its objects into one
+persistent folder per toolchain, build/obj-<tag>, with ninja: an unchanged source
+is never compiled twice, and a changed one recompiles only the translation units
+that include it. A wheel carries, besides the extension and the Python package,
+the C++/CUDA/HIP sources under mla_decode/_sources/ (the single-file submission
+generator embeds them) and pins the torch release it was built against.
 
 What gets compiled follows the toolchain, never whether a GPU is visible:
   * the C++ CPU operators, always;
@@ -18,13 +26,16 @@ Environment flags:
   MAX_JOBS              parallel compile jobs (ninja)
 """
 
+import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 CSRC = ROOT / "csrc"
@@ -201,9 +212,57 @@ def local_version_label(backend: str) -> str:
     return f"torch{torch_base}.{toolkit}"
 
 
+# The sources a wheel carries as package data (mla_decode/_sources/csrc/...).
+SOURCE_SUFFIXES = (".h", ".cuh", ".cpp", ".cu")
+
+
+def object_folder(backend: str, debug: bool) -> str:
+    """build/obj-<tag>: one folder per backend, torch install, Python and build flags, so two
+    toolchains never overwrite each other's objects and one toolchain always finds its own."""
+    key = "|".join([backend, torch.__version__, os.path.dirname(torch.__file__), sys.version,
+                    os.environ.get("TORCH_CUDA_ARCH_LIST", "") if backend == "cuda" else "",
+                    os.environ.get("PYTORCH_ROCM_ARCH", "") if backend == "hip" else "",
+                    str(env_flag("MLA_DECODE_TRACE") is True)])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
+    tag = f"{backend}-torch{torch.__version__.split('+')[0]}-{sys.implementation.cache_tag}"
+    return str(ROOT / "build" / f"obj-{tag}{'-debug' if debug else ''}-{digest}")
+
+
+class BuildExt(cpp_extension.BuildExtension):
+    """torch's ninja build, with its objects in the persistent object folder (pip's editable
+    and wheel builds would otherwise compile into a new temporary folder every time)."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.build_temp = OBJECT_DIR
+
+
+class BuildPy(build_py):
+    """Also copies csrc/ into the built package as mla_decode/_sources/csrc/ (not in editable
+    mode: there the package reads csrc/ from the checkout it lives in)."""
+
+    def run(self):
+        super().run()
+        if getattr(self, "editable_mode", False):
+            return
+        dst_root = Path(self.build_lib) / "mla_decode" / "_sources"
+        if dst_root.exists():
+            shutil.rmtree(dst_root)
+        n = 0
+        for src in sorted(CSRC.rglob("*")):
+            if src.is_file() and src.suffix in SOURCE_SUFFIXES:
+                dst = dst_root / src.relative_to(ROOT)
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src, dst)
+                n += 1
+        if n == 0:
+            fail(f"no C++/CUDA sources under {CSRC}: the wheel would have nothing to build a submission from")
+
+
 BASE_VERSION = {}
 exec((ROOT / "mla_decode" / "_version.py").read_text(), BASE_VERSION)
 ext, backend = build_extension()
+OBJECT_DIR = object_folder(backend, env_flag("MLA_DECODE_DEBUG") is True)
 VERSION = f"{BASE_VERSION['BASE_VERSION']}+{local_version_label(backend)}"
 build_info = ROOT / "mla_decode" / "_build_info.py"
 build_info.write_text(
@@ -217,8 +276,14 @@ build_info.write_text(
     f"ROCM_ARCHS = {os.environ.get('PYTORCH_ROCM_ARCH') if backend == 'hip' else None!r}\n"
 )
 
+# The native library is tied to the torch release it was compiled against (its C++ ABI):
+# pin that release, so pip keeps or installs a torch the wheel can load. numpy: the package
+# does not use it, but torch warns on import without it.
+TORCH_PIN = f"torch=={torch.__version__.split('+')[0]}"
+
 setup(
     version=VERSION,
+    install_requires=[TORCH_PIN, "numpy"],
     ext_modules=[ext],
-    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": BuildExt.with_options(use_ninja=True), "build_py": BuildPy},
 )

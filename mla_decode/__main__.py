@@ -3,10 +3,10 @@
 demo   generate competition inputs, run custom_kernel in each cache format,
        print its error against exact math on the bf16 cache and its time
        (GPU when there is one, else CPU with small shapes)
-bench  the benchmark of benchmarks/bench_decode.py (competition protocol and
-       H = 128 sweep; table, CSV and, with --plot, PNG charts); extra
-       arguments are passed through (--quick, --formats, --out, ...)
-check  a quick self-test of every format against the float64 reference
+bench  the benchmark (mla_decode.bench: competition protocol, H = 128 sweep,
+       peers, streaming floor; table, CSV, PNG); `bench --help` lists its flags
+check  the built-in check (mla_decode.selfcheck): the operator and
+       custom_kernel against float64 on every format and layout, CPU and GPU
 info   what this build contains
 """
 
@@ -66,70 +66,38 @@ def info(args) -> int:
 
 
 def check(args) -> int:
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
-    try:
-        from cases import FORMATS, LAYOUTS, check_against_reference, make_case
-    except ImportError:
-        print("check needs the repository's tests/ folder (run from a source checkout)")
-        return 2
-    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    n = 0
-    for dev in devices:
-        for fmt in FORMATS:
-            for layout in LAYOUTS:
-                case = make_case(fmt, layout, 16, 2, [65, 0, 17], seed=n, device=torch.device(dev))
-                out, lse = torch.ops.mla_decode.decode(*case.args(), 0)
-                check_against_reference(case, out, lse)
-                n += 1
-                print(f"ok  {dev:<4} {fmt:<8} {layout}")
-    print(f"{n} checks passed")
-    return 0
+    import mla_decode
+    from mla_decode import selfcheck
+    from mla_decode._ops import LOAD_ERROR
+    if LOAD_ERROR is not None:
+        print(f"check: the native operators are not loaded: {LOAD_ERROR}")
+        return 1
+    print(f"mla_decode {mla_decode.__version__}: checking torch.ops.mla_decode.decode and custom_kernel against "
+          "float64 (MLA_DECODE_STRICT=1: a fallback fails)")
+    return selfcheck.run(torch.ops.mla_decode.decode, mla_decode.custom_kernel, strict=True)
 
 
-def bench(args, extra) -> int:
-    import runpy
-    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
-                          "bench_decode.py")
-    if not os.path.exists(script):
-        print("bench needs the repository's benchmarks/ folder (run from a source checkout)")
-        return 2
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        if args.plot:
-            print("bench --plot needs matplotlib: pip install matplotlib")
-            return 2
-    argv = [script] + extra
-    if args.out:
-        argv += ["--out", args.out]
-    old = sys.argv
-    sys.argv = argv
-    try:
-        runpy.run_path(script, run_name="__main__")
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    finally:
-        sys.argv = old
-    return 0
+def bench(args) -> int:
+    from mla_decode import bench as bench_module
+    return bench_module.run(args)
 
 
 def main(argv=None) -> int:
+    from mla_decode import bench as bench_module
     parser = argparse.ArgumentParser(prog="python -m mla_decode", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="run custom_kernel on competition inputs: accuracy and time")
     d.add_argument("--cpu", action="store_true", help="use the CPU even when a GPU is present")
-    d.add_argument("--iters", type=int, default=0)
-    b = sub.add_parser("bench", help="benchmarks/bench_decode.py: table, CSV, --plot for PNG charts")
-    b.add_argument("--plot", action="store_true", help="require the PNG charts (needs matplotlib)")
-    b.add_argument("--out", default=None, help="output folder (default ./bench_out)")
+    d.add_argument("--iters", type=int, default=0, help="timed calls per shape (default 20 on a GPU, 3 on the CPU)")
+    b = sub.add_parser("bench", help="the benchmark: table, CSV, PNG (bench --help lists every flag)",
+                       description=bench_module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench_module.add_arguments(b)
     sub.add_parser("info", help="what this build contains")
-    sub.add_parser("check", help="quick self-test against the float64 reference")
-    args, extra = parser.parse_known_args(argv)
+    sub.add_parser("check", help="the built-in check against the float64 reference (no repository needed)")
+    args = parser.parse_args(argv)
     if args.cmd == "bench":
-        return bench(args, extra)
-    if extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        return bench(bench_module.finish_args(args, b.error))
     return {"demo": demo, "info": info, "check": check}[args.cmd](args)
 
 

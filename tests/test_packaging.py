@@ -44,3 +44,25 @@ def test_other_torch_gives_a_clear_error(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "built against torch 1.0.0+cpu" in res.stdout and "not loaded" in res.stdout, res.stdout
     assert "OUT (1, 16, 512) True" in res.stdout, res.stdout
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_sdist_carries_what_a_build_and_the_tests_need(tmp_path):
+    """MANIFEST.in: the sources, the package, tests, benchmark, examples, scripts and docs; no
+    build products."""
+    import tarfile
+    res = subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    (tarball,) = tmp_path.glob("mla_decode-*.tar.gz")
+    with tarfile.open(tarball) as tf:
+        names = {n.split("/", 1)[1] for n in tf.getnames() if "/" in n}
+    for need in ("setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "csrc/api/schema.cpp",
+                 "csrc/kernels/sm90/narrow_kernel.cuh", "mla_decode/bench/__init__.py", "mla_decode/selfcheck.py",
+                 "tests/conftest.py", "benchmarks/bench_decode.py", "scripts/test.sh"):
+        assert need in names, f"{need} is missing from the sdist"
+    for name in names:
+        assert not name.endswith((".so", ".o", ".pyc")) and not name.startswith("build/"), name
+        assert name != "mla_decode/_build_info.py", "the sdist must not carry a build's _build_info.py"

@@ -90,3 +90,32 @@ def test_submission_default_format_matches_the_package(tmp_path):
     out = torch.load(tmp_path / "out.pt")
     rel = float((out.double() - ref).norm() / ref.norm())
     assert rel < 8e-3, rel
+
+
+def test_output_folders_are_created(tmp_path):
+    target = tmp_path / "some" / "dir" / "file.py"
+    assert write_submission(["-o", str(target)]) == 0
+    assert target.is_file() and "def custom_kernel(data)" in target.read_text()
+
+
+def test_check_runs_on_the_file_alone(tmp_path):
+    """`python submission.py --check`: the package's built-in check on the file's own custom_kernel
+    (and, on a GPU, its operator), in a process that never imports mla_decode."""
+    target = tmp_path / "x" / "y.py"
+    write_submission(["-o", str(target)])
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MLA_DECODE_FORMAT", "MLA_DECODE_STRICT")}
+    env["MLA_DECODE_CACHE"] = os.environ.get("MLA_DECODE_TEST_SUBMISSION_CACHE", str(tmp_path / "cache"))
+    res = subprocess.run([sys.executable, str(target), "--check"], capture_output=True, text=True, cwd=tmp_path,
+                         env=env, timeout=1800)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "mla_decode imported: False" in res.stdout
+    assert " failed" in res.stdout and "checks passed, 0 failed" in res.stdout, res.stdout[-2000:]
+    if torch.cuda.is_available():
+        assert "native operator built" in res.stdout and " op  " in res.stdout
+
+
+def test_bad_root_is_named(tmp_path, capsys):
+    import pytest
+    with pytest.raises(SystemExit):
+        write_submission(["-o", str(tmp_path / "s.py"), "--root", str(tmp_path)])
+    assert "expected a folder holding csrc/" in capsys.readouterr().err
