@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Per-kernel resource table and checks for AMDGPU assembly (.s) files.
+"""Per-kernel resource table, instruction checks and main-loop instruction mix for
+AMDGPU assembly (.s) files.
 
 Used by scripts/hip_check.sh:
 
@@ -7,15 +8,16 @@ Used by scripts/hip_check.sh:
 
 Reads, for every kernel in each file's AMDGPU metadata (.amdgpu_metadata), the
 VGPR / AGPR / SGPR counts, the private segment (scratch) size, the group
-segment (LDS) size, spill counts and dynamic-stack flag; counts the v_mfma
-instructions (all, and the fp8 ones, v_mfma_*_fp8_fp8, separately) and calls
-(s_swappc) in the kernel's body; prints one table row per kernel. Exits 1 unless
+segment (LDS) size, spill counts and dynamic-stack flag; lists the matrix
+instructions (v_mfma*, with the A / B operand formats of the f8f6f4 forms) and
+calls (s_swappc) in the kernel's body; prints one table row per kernel, then the
+instruction mix of each decode kernel's main (KV stage) loop. Exits 1 unless
   * every file compiled for an arch holds, together, the 4 split-KV decode
     kernels (bf16, fp8 e4m3fn, fp8 e4m3fnuz, MXFP4) and the combine kernel,
-  * every decode kernel contains MFMA instructions,
-  * the fp8 decode kernels use fp8 MFMA (and no other MFMA) where the target
-    has it for that format (FP8_MFMA below: gfx942 both e4m3 flavours,
-    gfx950 OCP e4m3fn), and no other kernel contains fp8 MFMA,
+  * each decode kernel contains exactly the matrix instructions intended for
+    its arch and format (EXPECTED_MFMA below: every one of them, and no other
+    v_mfma), plus the arch's other intended instructions (EXPECTED_OTHER), and
+    the combine kernel none,
   * every kernel's scratch is within the budget, it uses no dynamic stack and
     makes no calls (a call would mean an un-inlined device-library function
     whose stack is unknown),
@@ -24,13 +26,40 @@ instructions (all, and the fp8 ones, v_mfma_*_fp8_fp8, separately) and calls
 import argparse
 import re
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 FORMATS = {"0": "bf16", "1": "fp8_e4m3fn", "2": "fp8_e4m3fnuz", "3": "mxfp4"}
 LDS_LIMIT = 64 * 1024
-# Decode kernels that must run on fp8 MFMA, per arch (kernels/cdna/mfma_kernel.cuh,
-# Fmt<F>::kFp8Mfma).
-FP8_MFMA = {"gfx942": {"fp8_e4m3fn", "fp8_e4m3fnuz"}, "gfx950": {"fp8_e4m3fn"}}
+F8F6F4 = {0: "e4m3", 1: "e5m2", 2: "e2m3", 3: "e3m2", 4: "e2m1"}  # CBSZ / BLGP codes (CDNA4 ISA 7.1.5)
+
+# The matrix instructions each decode kernel must use, per arch and format
+# (kernels/cdna/mfma_kernel.cuh for gfx90a / gfx942, mfma_gfx950.cuh for
+# gfx950): every listed one must occur, and no other v_mfma.
+SCALED_FP4 = "v_mfma_scale_f32_16x16x128_f8f6f4 A=e2m1 B=e4m3"
+SCALED_FP8 = "v_mfma_scale_f32_16x16x128_f8f6f4 A=e4m3 B=e4m3"
+EXPECTED_MFMA = {
+    "gfx90a": {f: {"v_mfma_f32_16x16x16bf16_1k"} for f in FORMATS.values()},
+    "gfx942": {
+        "bf16": {"v_mfma_f32_16x16x16_bf16"},
+        "fp8_e4m3fn": {"v_mfma_f32_16x16x32_fp8_fp8"},
+        "fp8_e4m3fnuz": {"v_mfma_f32_16x16x32_fp8_fp8"},
+        "mxfp4": {"v_mfma_f32_16x16x16_bf16"},
+    },
+    "gfx950": {
+        "bf16": {"v_mfma_f32_16x16x32_bf16"},
+        "fp8_e4m3fn": {SCALED_FP8, "v_mfma_f32_16x16x32_bf16"},
+        "fp8_e4m3fnuz": {"v_mfma_f32_16x16x32_bf16"},
+        "mxfp4": {SCALED_FP4, "v_mfma_f32_16x16x32_bf16"},
+    },
+}
+# Other instructions a decode kernel must contain (V expanded to bf16 with its
+# block scale by the convert; Q split by the fp8 convert).
+EXPECTED_OTHER = {
+    "gfx950": {
+        "fp8_e4m3fn": {"v_cvt_scalef32_pk_bf16_fp8", "v_cvt_pk_fp8_f32"},
+        "mxfp4": {"v_cvt_scalef32_pk_bf16_fp4", "v_cvt_pk_fp8_f32"},
+    },
+}
 
 
 def short_name(mangled):
@@ -63,20 +92,91 @@ def parse_metadata(text):
     return kernels
 
 
-def body_stats(text, symbol):
+def mfma_key(line):
+    """The instruction's mnemonic, with the operand formats of the f8f6f4 forms."""
+    mn = line.split()[0]
+    if mn.endswith("_f8f6f4"):
+        cb = re.search(r"\bcbsz:(\d)", line)
+        bl = re.search(r"\bblgp:(\d)", line)
+        mn += f" A={F8F6F4[int(cb.group(1)) if cb else 0]} B={F8F6F4[int(bl.group(1)) if bl else 0]}"
+    return mn
+
+
+def kernel_body(text, symbol):
     start = re.search(r"^" + re.escape(symbol) + r":", text, re.M)
     if not start:
-        return None
+        return None, ""
     end = re.search(r"^\.Lfunc_end\d+:", text[start.end():], re.M)
     body = text[start.end(): start.end() + (end.start() if end else len(text))]
     tail = text[start.end() + (end.start() if end else 0):]
+    return body, tail
+
+
+def body_stats(body, tail):
     occ = re.search(r";\s*Occupancy:\s*(\d+)", tail)
+    lines = [l.strip() for l in body.splitlines()]
     return {
-        "mfma": len(re.findall(r"^\s+v_mfma", body, re.M)),
-        "mfma_fp8": len(re.findall(r"^\s+v_mfma_\w*_fp8_fp8\b", body, re.M)),
-        "calls": len(re.findall(r"^\s+s_swappc_b64", body, re.M)),
+        "mfma": Counter(mfma_key(l) for l in lines if l.startswith("v_mfma")),
+        "ops": Counter(l.split()[0] for l in lines if re.match(r"[a-z]", l)),
+        "calls": sum(1 for l in lines if l.startswith("s_swappc_b64")),
         "occupancy": occ.group(1) if occ else "?",
     }
+
+
+def classify(mn):
+    if mn.startswith("v_mfma"):
+        return "mfma"
+    if mn.startswith("ds_read") or mn.startswith("ds_bpermute") or mn.startswith("ds_permute"):
+        return "lds_read"
+    if mn.startswith("ds_write"):
+        return "lds_write"
+    if mn.startswith(("global_load", "buffer_load", "flat_load")):
+        return "vmem_load"
+    if mn.startswith(("global_store", "buffer_store", "flat_store")):
+        return "vmem_store"
+    if mn == "s_barrier":
+        return "barrier"
+    if mn.startswith("s_waitcnt"):
+        return "waitcnt"
+    if mn.startswith("v_"):
+        return "valu"
+    if mn.startswith("s_"):
+        return "salu"
+    return "other"
+
+
+def main_loop_mix(body):
+    """Static instruction counts of the decode kernel's KV stage loop: the
+    depth-1 loop (the compiler's "Loop Header" / "in Loop: Header=" block
+    annotations) that holds the most v_mfma. Blocks that a wave skips (a
+    branch not taken by every lane) are counted too: an upper bound on what
+    one iteration issues."""
+    blocks, cur = [], None
+    for line in body.splitlines():
+        m = re.match(r"^(\.LBB\w+|; %bb\.\d+):\s*(;.*)?$", line)
+        if m:
+            cur = {"name": re.sub(r"^(\.L|; %)", "", m.group(1)), "comment": m.group(2) or "", "lines": []}
+            blocks.append(cur)
+            continue
+        if cur is None:
+            cur = {"name": "entry", "comment": "", "lines": []}
+            blocks.append(cur)
+        if re.match(r"^\s+[a-z]", line):
+            cur["lines"].append(line.strip())
+    best = None
+    for h in [b["name"] for b in blocks if "Loop Header: Depth=1" in b["comment"]]:
+        members = [b for b in blocks if b["name"] == h or re.search(r"Header=" + re.escape(h) + r"\b", b["comment"])]
+        lines = [l for b in members for l in b["lines"]]
+        n = sum(1 for l in lines if l.startswith("v_mfma"))
+        if best is None or n > best[0]:
+            best = (n, lines)
+    if not best or best[0] == 0:
+        return None
+    lines = best[1]
+    mix = Counter(classify(l.split()[0]) for l in lines)
+    mfma = Counter(mfma_key(l) for l in lines if l.startswith("v_mfma"))
+    cvt = Counter(l.split()[0] for l in lines if l.startswith(("v_cvt", "v_perm")))
+    return mix, mfma, cvt
 
 
 def main():
@@ -85,7 +185,7 @@ def main():
     ap.add_argument("files", nargs="+", help="ARCH:path.s")
     a = ap.parse_args()
 
-    rows, errors = [], []
+    rows, errors, mixes = [], [], []
     seen = defaultdict(set)
     for spec in a.files:
         arch, path = spec.split(":", 1)
@@ -97,25 +197,39 @@ def main():
             sym = k.get(".symbol", k.get("symbol", "")) or k.get("name", "")
             sym = k.get("symbol", sym).removesuffix(".kd")
             name = short_name(k.get("name", sym))
-            st = body_stats(text, sym) or {"mfma": 0, "mfma_fp8": 0, "calls": 0, "occupancy": "?"}
+            body, tail = kernel_body(text, sym)
+            st = body_stats(body or "", tail)
             scratch = int(k.get("private_segment_fixed_size", "0"))
             lds = int(k.get("group_segment_fixed_size", "0"))
             dyn = k.get("uses_dynamic_stack", "false") == "true"
-            row = dict(arch=arch, tu=path.rsplit("/", 1)[-1], kernel=name, vgpr=k.get("vgpr_count", "?"),
-                       agpr=k.get("agpr_count", "0"), sgpr=k.get("sgpr_count", "?"), scratch=scratch, lds=lds,
-                       vspill=k.get("vgpr_spill_count", "0"), sspill=k.get("sgpr_spill_count", "0"),
-                       occ=st["occupancy"], mfma=st["mfma"], mfma_fp8=st["mfma_fp8"], calls=st["calls"])
-            rows.append(row)
+            mfma_txt = ", ".join(f"{n} {m}" for m, n in sorted(st["mfma"].items())) or "-"
+            rows.append(dict(arch=arch, kernel=name, vgpr=k.get("vgpr_count", "?"), agpr=k.get("agpr_count", "0"),
+                             sgpr=k.get("sgpr_count", "?"), scratch=scratch, lds=lds,
+                             vspill=k.get("vgpr_spill_count", "0"), sspill=k.get("sgpr_spill_count", "0"),
+                             occ=st["occupancy"], calls=st["calls"], mfma=mfma_txt))
             seen[arch].add(name)
             tag = f"{arch} {name}"
-            if name.startswith("split_kernel_mfma") and st["mfma"] == 0:
-                errors.append(f"{tag}: no v_mfma instruction in the decode kernel")
             fmt = name[len("split_kernel_mfma<"):-1] if name.startswith("split_kernel_mfma<") else None
-            if fmt in FP8_MFMA.get(arch, set()):
-                if st["mfma_fp8"] == 0 or st["mfma_fp8"] != st["mfma"]:
-                    errors.append(f"{tag}: expected only fp8 MFMA, found {st['mfma_fp8']} fp8 of {st['mfma']} MFMA")
-            elif st["mfma_fp8"]:
-                errors.append(f"{tag}: unexpected fp8 MFMA ({st['mfma_fp8']})")
+            if fmt is not None:
+                want = EXPECTED_MFMA.get(arch, {}).get(fmt)
+                got = set(st["mfma"])
+                if want is None:
+                    errors.append(f"{tag}: no intended instruction set for this arch (EXPECTED_MFMA)")
+                else:
+                    for m in sorted(want - got):
+                        errors.append(f"{tag}: intended matrix instruction {m} is missing")
+                    for m in sorted(got - want):
+                        errors.append(f"{tag}: unexpected matrix instruction {m} ({st['mfma'][m]}x)")
+                for op in sorted(EXPECTED_OTHER.get(arch, {}).get(fmt, set())):
+                    if not st["ops"].get(op):
+                        errors.append(f"{tag}: intended instruction {op} is missing")
+                mix = main_loop_mix(body or "")
+                if mix is None:
+                    errors.append(f"{tag}: no KV stage loop with MFMA found")
+                else:
+                    mixes.append((arch, name, k.get("vgpr_count", "?"), st["occupancy"], lds) + mix)
+            elif st["mfma"]:
+                errors.append(f"{tag}: unexpected matrix instructions ({mfma_txt})")
             if scratch > a.scratch_budget:
                 errors.append(f"{tag}: scratch {scratch} B exceeds the budget of {a.scratch_budget} B")
             if dyn:
@@ -129,24 +243,40 @@ def main():
         for missing in sorted(want - names):
             errors.append(f"{arch}: kernel {missing} was not compiled")
 
-    hdr = ("arch", "kernel", "VGPR*", "AGPR", "SGPR", "scratch B", "LDS B", "spills v/s", "waves/SIMD", "mfma",
-           "fp8 mfma", "calls")
+    hdr = ("arch", "kernel", "VGPR*", "AGPR", "SGPR", "scratch B", "LDS B", "spills v/s", "waves/SIMD", "calls",
+           "matrix instructions (static count)")
     table = [hdr] + [(r["arch"], r["kernel"], r["vgpr"], r["agpr"], r["sgpr"], str(r["scratch"]), str(r["lds"]),
-                      f"{r['vspill']}/{r['sspill']}", r["occ"], str(r["mfma"]), str(r["mfma_fp8"]), str(r["calls"]))
-                     for r in rows]
-    widths = [max(len(str(t[i])) for t in table) for i in range(len(hdr))]
-    for i, t in enumerate(table):
-        print("  " + "  ".join(str(c).ljust(w) if j < 2 else str(c).rjust(w) for j, (c, w) in enumerate(zip(t, widths))))
-        if i == 0:
-            print("  " + "  ".join("-" * w for w in widths))
+                      f"{r['vspill']}/{r['sspill']}", r["occ"], str(r["calls"]), r["mfma"]) for r in rows]
+    print_table(table, left=(0, 1, len(hdr) - 1))
     print(f"  (VGPR* = .vgpr_count, the unified VGPR+AGPR file per lane on gfx90a+; scratch budget {a.scratch_budget} B"
-          f" per kernel; LDS limit {LDS_LIMIT} B; 'spills v/s': VGPR spills go"
-          " to scratch, SGPR spills to VGPR lanes; 'mfma' counts every v_mfma, 'fp8 mfma' the v_mfma_*_fp8_fp8 among them)")
+          f" per kernel; LDS limit {LDS_LIMIT} B; 'spills v/s': VGPR spills go to scratch, SGPR spills to VGPR lanes;"
+          " f8f6f4 forms are listed with their A / B operand formats)")
+
+    print("  KV stage loop of each decode kernel (32 keys x 16 heads per iteration; static counts per wave, every"
+          " block of the loop counted once):")
+    hdr = ("arch", "kernel", "VGPR*", "waves/SIMD", "LDS B", "MFMA", "VALU", "of which cvt / perm", "SALU",
+           "LDS rd", "LDS wr", "VMEM ld", "barriers", "waitcnt")
+    table = [hdr]
+    for arch, name, vgpr, occ, lds, mix, mfma, cvt in mixes:
+        table.append((arch, name, vgpr, occ, str(lds), " + ".join(f"{n} {m.removeprefix('v_mfma_')}" for m, n in sorted(mfma.items())),
+                      str(mix["valu"]), ", ".join(f"{n} {m}" for m, n in sorted(cvt.items())) or "-", str(mix["salu"]),
+                      str(mix["lds_read"]), str(mix["lds_write"]), str(mix["vmem_load"]), str(mix["barrier"]),
+                      str(mix["waitcnt"])))
+    print_table(table, left=(0, 1, 5, 7))
     if errors:
         for e in errors:
             print(f"hip_check: FAIL {e}")
         return 1
     return 0
+
+
+def print_table(table, left):
+    widths = [max(len(str(t[i])) for t in table) for i in range(len(table[0]))]
+    for i, t in enumerate(table):
+        print("  " + "  ".join(str(c).ljust(w) if j in left else str(c).rjust(w)
+                               for j, (c, w) in enumerate(zip(t, widths))))
+        if i == 0:
+            print("  " + "  ".join("-" * w for w in widths))
 
 
 if __name__ == "__main__":

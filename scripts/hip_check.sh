@@ -235,7 +235,7 @@ if [ "${HIP_CHECK_EMU:-1}" != 0 ]; then
     cp "$ROOT/scripts/hip_emu/emu_main.cpp" "$tmp/src/emu_main.hip"
     cp "$tmp/csrc/plan/plan.cpp" "$tmp/src/plan.hip"  # the plan the dispatcher runs
     ITEMS=$(for tu in $TUS; do tu_name "$tu"; done; echo emu_main; echo plan)
-    parallel_each "$CLANG" -x c++ -std=c++17 -O1 -U_FORTIFY_SOURCE -D__HIPCC__ -D__HIP_PLATFORM_AMD__=1 -DUSE_ROCM=1 \
+    parallel_each "$CLANG" -x c++ -std=c++17 -O1 -U_FORTIFY_SOURCE -Wno-psabi -D__HIPCC__ -D__HIP_PLATFORM_AMD__=1 -DUSE_ROCM=1 \
         -D__${arch}__ -I"$ROOT/scripts/hip_emu" -I"$tmp/csrc" -c "$tmp/src/{}.hip" -o "$tmp/emu/$arch/{}.o" \
       || die "host-emulation build ($arch)"
     "$CLANG" "$tmp/emu/$arch/"*.o -o "$tmp/emu/$arch/run"

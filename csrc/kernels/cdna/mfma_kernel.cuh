@@ -442,8 +442,23 @@ __device__ __forceinline__ void transpose_bytes4(uint32_t w0, uint32_t w1, uint3
   out[3] = perm_bytes(b_hi, a_hi, 0x07060302u);
 }
 
+}  // namespace mfma
+}  // namespace cuda
+}  // namespace mla_decode
+
+#if defined(__gfx950__)
+#include "kernels/cdna/mfma_gfx950.cuh"
+#endif
+
+namespace mla_decode {
+namespace cuda {
+namespace mfma {
+
 template <KvFormat F>
 __global__ void __launch_bounds__(kThreads) mla_decode_split_kernel_mfma(const DecodeLaunch args) {
+#if defined(__gfx950__)
+  gfx950::split_kernel<F>(args);  // CDNA4's own instructions (mfma_gfx950.cuh)
+#else
   using Fm = Fmt<F>;
   constexpr bool kMx = Fm::kMx;
   constexpr bool kFp8 = Fm::kFp8;
@@ -807,6 +822,7 @@ __global__ void __launch_bounds__(kThreads) mla_decode_split_kernel_mfma(const D
       args.partial_lse[static_cast<int64_t>(split) * rows + row] = lse;
     }
   }
+#endif  // __gfx950__
 }
 
 }  // namespace mfma
