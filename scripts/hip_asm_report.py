@@ -22,6 +22,11 @@ instruction mix of each decode kernel's main (KV stage) loop. Exits 1 unless
     makes no calls (a call would mean an un-inlined device-library function
     whose stack is unknown),
   * every kernel's LDS fits the 64 KB a CDNA workgroup may address.
+
+With --predict, it also prints the MI355X time model of docs/amd.md ("Predicted
+MI355X times") for the competition shapes and the H = 128 sweep, computed from
+the gfx950 kernels' assembly (KV stage loop instruction mix, instructions
+outside the loop, occupancy); nothing in it was measured on AMD hardware.
 """
 import argparse
 import re
@@ -145,6 +150,18 @@ def classify(mn):
     return "other"
 
 
+def lds_bytes(mn):
+    """Bytes one lane moves through LDS with instruction mn (0 if not LDS)."""
+    if not mn.startswith("ds_"):
+        return 0
+    if mn.startswith(("ds_bpermute", "ds_permute")):
+        return 4
+    m = re.match(r"ds_(?:read|write)(2(?:st64)?)?_(?:[bui])(\d+)", mn)
+    if not m:
+        return 4
+    return int(m.group(2)) // 8 * (2 if m.group(1) else 1)
+
+
 def main_loop_mix(body):
     """Static instruction counts of the decode kernel's KV stage loop: the
     depth-1 loop (the compiler's "Loop Header" / "in Loop: Header=" block
@@ -176,12 +193,16 @@ def main_loop_mix(body):
     mix = Counter(classify(l.split()[0]) for l in lines)
     mfma = Counter(mfma_key(l) for l in lines if l.startswith("v_mfma"))
     cvt = Counter(l.split()[0] for l in lines if l.startswith(("v_cvt", "v_perm")))
+    mix["lds_bytes"] = sum(lds_bytes(l.split()[0]) for l in lines)  # per lane
+    every = sum(1 for b in blocks for _ in b["lines"])
+    mix["outside"] = every - len(lines)  # instructions outside the loop: prologue, epilogue, slow paths
     return mix, mfma, cvt
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--scratch-budget", type=int, default=0, help="max private segment bytes per kernel")
+    ap.add_argument("--predict", action="store_true", help="print the MI355X time model from the gfx950 kernels")
     ap.add_argument("files", nargs="+", help="ARCH:path.s")
     a = ap.parse_args()
 
@@ -255,14 +276,18 @@ def main():
     print("  KV stage loop of each decode kernel (32 keys x 16 heads per iteration; static counts per wave, every"
           " block of the loop counted once):")
     hdr = ("arch", "kernel", "VGPR*", "waves/SIMD", "LDS B", "MFMA", "VALU", "of which cvt / perm", "SALU",
-           "LDS rd", "LDS wr", "VMEM ld", "barriers", "waitcnt")
+           "LDS rd", "LDS wr", "LDS B/lane", "VMEM ld", "barriers", "waitcnt")
     table = [hdr]
     for arch, name, vgpr, occ, lds, mix, mfma, cvt in mixes:
         table.append((arch, name, vgpr, occ, str(lds), " + ".join(f"{n} {m.removeprefix('v_mfma_')}" for m, n in sorted(mfma.items())),
                       str(mix["valu"]), ", ".join(f"{n} {m}" for m, n in sorted(cvt.items())) or "-", str(mix["salu"]),
-                      str(mix["lds_read"]), str(mix["lds_write"]), str(mix["vmem_load"]), str(mix["barrier"]),
+                      str(mix["lds_read"]), str(mix["lds_write"]), str(mix["lds_bytes"]), str(mix["vmem_load"]),
+                      str(mix["barrier"]),
                       str(mix["waitcnt"])))
     print_table(table, left=(0, 1, 5, 7))
+    if a.predict:
+        predict({name: (int(occ), lds, mix, mfma) for arch, name, vgpr, occ, lds, mix, mfma, cvt in mixes
+                 if arch == "gfx950" and occ != "?"})
     if errors:
         for e in errors:
             print(f"hip_check: FAIL {e}")
@@ -277,6 +302,111 @@ def print_table(table, left):
                                for j, (c, w) in enumerate(zip(t, widths))))
         if i == 0:
             print("  " + "  ".join("-" * w for w in widths))
+
+
+# ---- MI355X time model (docs/amd.md, "Predicted MI355X times") -----------------
+# Machine (public figures) and the assumptions a first hardware run calibrates.
+CUS = 256                 # MI355X compute units
+CLOCK_HZ = 2.4e9          # peak engine clock (a loaded part may run lower)
+HBM_BYTES_PER_S = 8e12    # HBM3E peak
+LAUNCH_S = 3e-6           # per kernel launch under the competition protocol: ASSUMED (H200: 3.4 us one kernel)
+DRAM_ROUND_TRIP_S = 1e-6  # one dependent global-memory round trip under load: ASSUMED
+ISSUE_CYCLES = 4          # a wave issues at most one instruction per 4 cycles
+LDS_BYTES_PER_CYCLE = 128  # per CU (CDNA3 / CDNA4 LDS bandwidth)
+VALU_CYCLES = 4           # a wave64 VALU instruction on a 16-lane SIMD
+# MFMA pipe cycles (CDNA4 ISA Table 28, 7.1.5): 16x16x32 bf16 16; 16x16x128
+# f8f6f4 32 when either operand is fp8, else 16.
+MFMA_CYCLES = {"v_mfma_f32_16x16x32_bf16": 16, SCALED_FP8: 32, SCALED_FP4: 32}
+ROW_BYTES = {"bf16": 1152, "fp8_e4m3fn": 576, "mxfp4": 306}  # cache bytes per KV row (MXFP4: + 18 scales)
+KEYS_PER_STAGE, HEADS_PER_WG, MAX_SPLITS_AMD, WGS_PER_CU_PLAN = 32, 16, 128, 2
+
+
+def plan_splits(batch, heads, kv):
+    """csrc/plan/plan.cpp split_count() for AMD (mfma_plan: 2 workgroups per CU,
+    32-key tiles, 16 heads per workgroup, cap kMaxPlannedSplitsAmd = 128)."""
+    tiles = batch * -(-heads // HEADS_PER_WG)
+    max_tiles = max(1, kv // KEYS_PER_STAGE)
+    splits = min((CUS * WGS_PER_CU_PLAN + tiles // 2) // tiles, max_tiles)
+    return max(1, min(splits, MAX_SPLITS_AMD))
+
+
+def predict_one(kern, fmt, batch, heads, kv):
+    occ, lds, mix, mfma = kern
+    groups = -(-heads // HEADS_PER_WG)
+    splits = plan_splits(batch, heads, kv)
+    chunk = -(-(-(-kv // splits)) // KEYS_PER_STAGE) * KEYS_PER_STAGE  # work.cuh: ceil(ceil(kv / S) / 32) * 32
+    stages = -(-min(chunk, kv) // KEYS_PER_STAGE)  # of the longest split
+    wgs = batch * groups * splits
+    # Co-resident workgroups per CU: the compiler's waves/SIMD (VGPRs, LDS),
+    # no more than the grid provides.
+    k = max(1, min(occ, -(-wgs // CUS)))
+    rounds = -(-wgs // (CUS * k))
+    issued = sum(v for key, v in mix.items() if key not in ("outside", "lds_bytes"))
+    mfma_cycles = sum(MFMA_CYCLES[m] * n for m, n in mfma.items())
+    # One stage of one workgroup, per SIMD, with k waves sharing the SIMD:
+    # the VALU pipe, the matrix pipe, or the per-wave issue limit (the other
+    # waves' instructions co-issue).
+    # The CU's LDS serves the workgroup's 4 waves: it bounds a stage too.
+    lds_cycles = 4 * 64 * mix["lds_bytes"] / LDS_BYTES_PER_CYCLE
+    stage_cycles = max(VALU_CYCLES * mix["valu"], mfma_cycles, ISSUE_CYCLES * issued / k, lds_cycles)
+    fixed_s = 2 * DRAM_ROUND_TRIP_S + ISSUE_CYCLES * mix["outside"] / k / CLOCK_HZ  # Q + first tile; epilogue
+    wg_s = fixed_s + stages * stage_cycles * k / CLOCK_HZ  # k workgroups advance together
+    compute_s = rounds * wg_s
+    kv_bytes = batch * kv * ROW_BYTES[fmt]
+    partial_bytes = splits * batch * heads * (kHeadDimV * 4 + 4) if splits > 1 else 0
+    mem_s = (kv_bytes + batch * heads * 1152 + partial_bytes) / HBM_BYTES_PER_S
+    split_s = max(mem_s + fixed_s, compute_s)
+    # The combine kernel reads the partials back (its own instructions are few).
+    combine_s = LAUNCH_S + DRAM_ROUND_TRIP_S + partial_bytes / HBM_BYTES_PER_S if splits > 1 else 0.0
+    total = LAUNCH_S + split_s + combine_s
+    parts = {"launch": LAUNCH_S * (2 if splits > 1 else 1) + (DRAM_ROUND_TRIP_S if splits > 1 else 0),
+             "latency": fixed_s * (rounds if compute_s >= mem_s + fixed_s else 1),
+             "HBM": mem_s + partial_bytes / HBM_BYTES_PER_S,
+             "issue": compute_s - rounds * fixed_s}
+    which = {lds_cycles: "LDS", VALU_CYCLES * mix["valu"]: "VALU", mfma_cycles: "MFMA",
+             ISSUE_CYCLES * issued / k: "issue"}
+    bound = max(parts, key=parts.get)
+    if bound == "issue":
+        bound = which[stage_cycles]
+    return dict(splits=splits, stages=stages, wgs=wgs, k=k, total=total, mem=mem_s, compute=compute_s,
+                stage=stage_cycles, bound=bound, hbm_floor=kv_bytes / HBM_BYTES_PER_S)
+
+
+kHeadDimV = 512
+
+
+def predict(kernels):
+    names = {"bf16": "split_kernel_mfma<bf16>", "fp8_e4m3fn": "split_kernel_mfma<fp8_e4m3fn>",
+             "mxfp4": "split_kernel_mfma<mxfp4>"}
+    if any(n not in kernels for n in names.values()):
+        print("  (no prediction: the gfx950 decode kernels were not all compiled)")
+        return
+    print(f"  Predicted MI355X time per call (model of docs/amd.md: {CUS} CUs at {CLOCK_HZ / 1e9:.1f} GHz,"
+          f" {HBM_BYTES_PER_S / 1e12:.0f} TB/s HBM, ASSUMED {LAUNCH_S * 1e6:.0f} us per launch and"
+          f" {DRAM_ROUND_TRIP_S * 1e6:.0f} us per DRAM round trip; not measured):")
+    hdr = ("H", "batch", "kv", "splits", "stages/WG", "WGs", "WG/CU")
+    for fmt in names:
+        hdr += (f"{fmt} us", "bound")
+    table = [hdr]
+    shapes = [(16, b, kv) for b in (4, 32, 64, 256) for kv in (1024, 8192)]
+    shapes += [(128, b, kv) for b in (1, 4, 32, 64, 256) for kv in (1024, 8192)]
+    for h, b, kv in shapes:
+        row = None
+        for fmt, kname in names.items():
+            r = predict_one(kernels[kname], fmt, b, h, kv)
+            if row is None:
+                row = (str(h), str(b), str(kv), str(r["splits"]), str(r["stages"]), str(r["wgs"]), str(r["k"]))
+            row += (f"{r['total'] * 1e6:.1f}", r["bound"])
+        table.append(row)
+    print_table(table, left=tuple(range(8, len(hdr), 2)))
+    for fmt, kname in names.items():
+        occ, lds, mix, mfma = kernels[kname]
+        issued = sum(v for key, v in mix.items() if key not in ("outside", "lds_bytes"))
+        mc = sum(MFMA_CYCLES[m] * n for m, n in mfma.items())
+        print(f"  {fmt}: per stage and wave {mix['valu']} VALU ({VALU_CYCLES * mix['valu']} cycles), {mc} MFMA cycles,"
+              f" {issued} instructions issued ({ISSUE_CYCLES * issued} cycles alone, / waves per SIMD when they"
+              f" co-issue), {mix['lds_bytes']} LDS bytes per lane ({4 * 64 * mix['lds_bytes'] // LDS_BYTES_PER_CYCLE}"
+              f" LDS cycles per workgroup); {mix['outside']} instructions outside the loop; {occ} waves/SIMD")
 
 
 if __name__ == "__main__":

@@ -14,18 +14,19 @@
 //     are scheduled in random subsets (HIP_EMU_SEED) so that a missing
 //     __syncthreads shows up as a wrong result.
 //   * __shared__ becomes `static`: workgroups run one after another.
-//   * The MFMA builtin is computed from the lane layout documented in
-//     csrc/kernels/cdna/mfma_kernel.cuh (A row l%16 k 4(l/16)..+3, B col l%16
-//     k 4(l/16)..+3, D col l%16 rows 4(l/16)..+3), accumulating in double.
-//   * The fp8 MFMA builtin (v_mfma_f32_16x16x32_fp8_fp8) is computed from its
-//     documented lane layout (A row l%16 k 8(l/16)..+7 in bytes 0..7, B col
-//     l%16 k 8(l/16)..+7, D as above), decoding fp8 as the target does (fnuz
-//     on gfx942, OCP e4m3fn on gfx950, subnormals included, NaN codes give
-//     NaN), exact products accumulated in double.
-//   * __builtin_amdgcn_cvt_pk_f32_fp8 decodes e4m3fnuz when __gfx942__ is
-//     defined and OCP e4m3fn when __gfx950__ is, with decoders written here
-//     independently of csrc/mla_decode/formats.h; __builtin_amdgcn_perm is
-//     v_perm_b32 as the CDNA3 ISA defines it.
+//   * Every instruction builtin is computed from AMD's documented semantics,
+//     never from the kernels' code:
+//       - v_mfma_f32_16x16x16bf16_1k (gfx90a / gfx942) and
+//         v_mfma_f32_16x16x32_fp8_fp8 (gfx942: fnuz; gfx950: OCP) from their
+//         lane layouts (A row l%16 k 4(l/16)..+3, resp. 8(l/16)..+7; D col
+//         l%16 rows 4(l/16)..+3), exact products accumulated in double;
+//       - v_cvt_pk_f32_fp8 as the target's flavour, v_perm_b32 (CDNA3 ISA);
+//       - gfx950 only (CDNA4 ISA; the sections are listed at that block):
+//         v_mfma_scale_f32_16x16x128_f8f6f4 and its unscaled opcode,
+//         v_mfma_f32_16x16x32_bf16, v_cvt_scalef32_pk_bf16_fp4 / _fp8 and
+//         v_cvt_pk_fp8_f32.
+//     The small-float decoders here are written independently of
+//     csrc/common/formats.h, against which emu_main.cpp tests them.
 // Compile the hipified sources as C++ with -I<this dir> ahead of any real HIP
 // include path, and -D__HIPCC__ -D__HIP_PLATFORM_AMD__=1 -D__gfx942__ (or
 // -D__gfx950__). Needs clang (ext_vector_type).
@@ -295,7 +296,7 @@ inline void launch(void (*kernel)(P...), dim3 grid, dim3 block, A&&... a) {
   }
 }
 
-// ---- MFMA and fp8 conversion (the two AMD builtins the kernels use) -------
+// ---- gfx90a / gfx942 matrix and conversion instructions ---------------------
 typedef short bf16x4 __attribute__((ext_vector_type(4)));
 typedef float f32x4 __attribute__((ext_vector_type(4)));
 typedef float f32x2 __attribute__((ext_vector_type(2)));
