@@ -34,7 +34,7 @@
 // Q as two fp8 terms (fp8 / MXFP4 caches). For each (head, wave) let E be
 // the exponent of the largest |q| over the dims the wave multiplies, and
 // x = q 2^se with se = 7 - E (so max |x| lies in [128, 256)):
-//   hi = rne_e4m3(x),   lo = rne_e4m3(32 (x - hi)),
+//   hi = rne_e4m3(x),   lo = rne_e4m3(32 (x - hi))   (v_cvt_pk_fp8_f32),
 //   B scale of hi: 2^-se (E8M0 127 - se); of lo: 2^-(se + 5) (122 - se),
 // both applied by the MFMA after the block's dot product, so hi + lo / 32
 // is what multiplies K. x - hi is exact in fp32; a bf16 x has 8 significant
@@ -42,16 +42,16 @@
 // most half an fp8 ulp: at most 4 significant bits, and 32 (x - hi) <= 256
 // is held exactly by e4m3 whenever its last bit is at or above the e4m3
 // subnormal quantum 2^-9, i.e. whenever |x| >= 2^-7. Hence:
-//   * every q with |q| >= 2^-15 max|q| (of its head and wave) enters the
-//     product exactly;
+//   * every q with |q| >= 2^-14 max|q| (of its head and wave: |x| >= 2^-7
+//     holds for them) enters the product exactly;
 //   * smaller q err by at most half a quantum of lo, 2^-15 in x units, i.e.
-//     <= 2^-22 2^(E+1) <= 2^-21 max|q| absolute.
+//     <= 2^(E-22) <= 2^-22 max|q| absolute.
 // gfx942's fp8 path (one scale, lo on hi's grid) is exact from 2^-9 max|q|
 // and errs by <= 2^-17 max|q| below; this bound is tighter on both counts, so
 // the scores, and the LSE, carry no Q error beyond fp32 accumulation: the LSE
 // error is that of the softmax arithmetic, as on the bf16 path. se is clamped
-// to [-126, 122] (only |q| < 2^-115 or > 2^133 reach the clamps: precision,
-// not correctness, is then lost; inf / NaN q give NaN codes and NaN rows).
+// to [-126, 122]: only a max|q| below 2^-115 reaches the clamp (precision,
+// not correctness, is then lost); inf / NaN q give NaN codes and NaN rows.
 //
 // Work split (4 waves, 32-token stages, as on gfx942):
 //   QK  wave w: token tile nt = w & 1 (tokens 16 nt .. +15), part hh = w >> 1.
