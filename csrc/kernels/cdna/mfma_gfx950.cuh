@@ -54,6 +54,9 @@
 // not correctness, is then lost); inf / NaN q give NaN codes and NaN rows.
 //
 // Work split (4 waves, 32-token stages, as on gfx942):
+//   Loads: the next stage's raw rows go to registers while this one is
+//       computed; thread t takes the 16-byte chunks t % 8 + 8 s of row t / 8
+//       (one row lookup and address per thread), then writes them to LDS.
 //   QK  wave w: token tile nt = w & 1 (tokens 16 nt .. +15), part hh = w >> 1.
 //       bf16 rows: dims [288 hh, +288) = 9 k-steps of 32.
 //       fp8 / E2M1: the 576 dims are 4.5 k-steps of 128. Part 0 takes steps
@@ -92,7 +95,6 @@ namespace gfx950 {
 
 typedef int i32x8_t __attribute__((ext_vector_type(8)));
 typedef __bf16 bf16x8_t __attribute__((ext_vector_type(8)));
-typedef __bf16 bf16x2_t __attribute__((ext_vector_type(2)));
 
 // What a stage in LDS holds.
 enum class Stage { kBf16Rows, kFp8Codes, kFp4Codes };
@@ -310,45 +312,49 @@ __device__ __forceinline__ void split_kernel(const DecodeLaunch& args) {
     const int64_t r = kv_row(p, b, j);
     return r < 0 ? -1 : static_cast<int>(r);
   };
+  // Each thread loads 16-byte chunks of one row: row ld_n = tid / 8, chunks
+  // ld_c + 8 s (8 threads per row, 128 contiguous bytes per load), so one
+  // shuffle and one 64-bit row address serve all of its chunks.
+  constexpr int kRowThreadsLd = kThreads / kBlockN;  // 8
+  constexpr int kLdSlots = (Fm::kChunksPerRow + kRowThreadsLd - 1) / kRowThreadsLd;  // bf16 9, fp8 5, MXFP4 3
+  static_assert(kRowThreadsLd * kBlockN == kThreads, "loader: whole rows per thread group");
+  const int ld_n = tid / kRowThreadsLd, ld_c = tid % kRowThreadsLd;
   int pf_row = -2;
-  u32x4_t raw[Fm::kSlots];
-  uint32_t mx_e[Fm::kSlots];
+  u32x4_t raw[kLdSlots];
+  uint32_t mx_e[kLdSlots];
   auto issue_tile = [&](int tile_idx) {
     pf_row = tile_row(tile_idx);
+    const int r = mla_shfl(pf_row, ld_n);
+    const uint8_t* src = kv_base + static_cast<int64_t>(r) * p.kv_row_stride_bytes + 16 * ld_c;
+    const uint8_t* ssrc = kMx ? p.mx_scale + static_cast<int64_t>(r) * p.mx_scale_stride_row +
+                                    static_cast<int64_t>(ld_c) * p.mx_scale_stride_col
+                              : nullptr;
 #pragma unroll
-    for (int s = 0; s < Fm::kSlots; ++s) {
-      const int idx = tid + kThreads * s;
-      const int n = min(idx / Fm::kChunksPerRow, kBlockN - 1);
-      const int ch = idx - (idx / Fm::kChunksPerRow) * Fm::kChunksPerRow;
-      const int r = mla_shfl(pf_row, n);
+    for (int s = 0; s < kLdSlots; ++s) {
+      const int ch = ld_c + kRowThreadsLd * s;
       raw[s] = u32x4_t{0u, 0u, 0u, 0u};
       mx_e[s] = 127u;  // 2^0: a zero-filled row stays +0
-      if (idx < Fm::kChunks && r >= 0) {
-        raw[s] = *reinterpret_cast<const u32x4_t*>(kv_base + static_cast<int64_t>(r) * p.kv_row_stride_bytes + ch * 16);
-        if constexpr (kMx) {
-          mx_e[s] = p.mx_scale[static_cast<int64_t>(r) * p.mx_scale_stride_row +
-                               static_cast<int64_t>(ch) * p.mx_scale_stride_col];
-        }
+      if (ch < Fm::kChunksPerRow && r >= 0) {
+        raw[s] = *reinterpret_cast<const u32x4_t*>(src + 16 * kRowThreadsLd * s);
+        if constexpr (kMx) mx_e[s] = ssrc[static_cast<int64_t>(kRowThreadsLd * s) * p.mx_scale_stride_col];
       }
     }
   };
   auto store_tile = [&]() {
 #pragma unroll
-    for (int s = 0; s < Fm::kSlots; ++s) {
-      const int idx = tid + kThreads * s;
-      if (idx >= Fm::kChunks) continue;
-      const int n = idx / Fm::kChunksPerRow;
-      const int ch = idx - n * Fm::kChunksPerRow;
+    for (int s = 0; s < kLdSlots; ++s) {
+      const int ch = ld_c + kRowThreadsLd * s;
+      if (ch >= Fm::kChunksPerRow) continue;
       const u32x4_t w = raw[s];
       if constexpr (F == KvFormat::kFp8E4M3FNUZ) {  // 16 codes -> 16 bf16 (32 bytes)
-        u32x2_t* dst = reinterpret_cast<u32x2_t*>(smem.kv + n * kStride + ch * 32);
+        u32x2_t* dst = reinterpret_cast<u32x2_t*>(smem.kv + ld_n * kStride + ch * 32);
         dst[0] = fp8x4_to_bf16<F>(w.x);
         dst[1] = fp8x4_to_bf16<F>(w.y);
         dst[2] = fp8x4_to_bf16<F>(w.z);
         dst[3] = fp8x4_to_bf16<F>(w.w);
       } else {  // raw bytes
-        *reinterpret_cast<u32x4_t*>(smem.kv + n * kStride + ch * 16) = w;
-        if constexpr (kMx) smem.sc[n * kScStride + ch] = static_cast<uint8_t>(mx_e[s]);
+        *reinterpret_cast<u32x4_t*>(smem.kv + ld_n * kStride + ch * 16) = w;
+        if constexpr (kMx) smem.sc[ld_n * kScStride + ch] = static_cast<uint8_t>(mx_e[s]);
       }
     }
     if (wave == 0 && lane < kBlockN) smem.flag[lane] = pf_row == -1 ? 1 : 0;
