@@ -325,8 +325,9 @@ __device__ __forceinline__ void split_kernel(const DecodeLaunch& args) {
   auto issue_tile = [&](int tile_idx) {
     pf_row = tile_row(tile_idx);
     const int r = mla_shfl(pf_row, ld_n);
-    const uint8_t* src = kv_base + static_cast<int64_t>(r) * p.kv_row_stride_bytes + 16 * ld_c;
-    const uint8_t* ssrc = kMx ? p.mx_scale + static_cast<int64_t>(r) * p.mx_scale_stride_row +
+    const int64_t ra = max(r, 0);  // addresses are formed for every row, loads only for r >= 0
+    const uint8_t* src = kv_base + ra * p.kv_row_stride_bytes + 16 * ld_c;
+    const uint8_t* ssrc = kMx ? p.mx_scale + ra * p.mx_scale_stride_row +
                                     static_cast<int64_t>(ld_c) * p.mx_scale_stride_col
                               : nullptr;
 #pragma unroll
