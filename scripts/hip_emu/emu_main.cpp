@@ -1,8 +1,14 @@
-// Runs the hipified HIP kernels of mla_decode (csrc/kernels/cdna/mfma_kernel.cuh
-// and the combine kernel of kernels/common, through the plan and launch_decode) on the
-// host under hip/hip_runtime.h of this directory, and compares every output
-// row with a float64 reference. Built and run by scripts/hip_check.sh; it
-// checks the kernel logic (lane layouts, permutations, online softmax,
+// Runs the hipified HIP kernels of mla_decode (csrc/kernels/cdna: the gfx942
+// body of mfma_kernel.cuh, or with -D__gfx950__ the gfx950 body of
+// mfma_gfx950.cuh; the combine kernel of kernels/common; through the plan and
+// launch_decode) on the host under hip/hip_runtime.h of this directory, and
+// compares every output row with a float64 reference. Built and run by
+// scripts/hip_check.sh, once per arch. First it checks the emulated
+// instructions against scalar references and the kernels' register helpers
+// exhaustively; then 36 decode problems (every format, H 16 to 128, q_len 1
+// to 4, ragged lengths with empty items, all three layouts, 1 to 40 splits,
+// bad indices, NaN block scales, wide block and Q scales). It checks the
+// kernel logic (lane layouts, permutations, scales, online softmax,
 // split/combine, masking, NaN and empty-row rules, skipped heads), not the
 // speed or the hardware.
 #include "hip/hip_runtime.h"
@@ -36,6 +42,7 @@ constexpr int kOutPad = 8;       // bf16 after each out row (sentinel-checked)
 constexpr uint16_t kSentinel = 0x1234;
 constexpr float kLseSentinel = 12345.f;
 constexpr double kRelFroTol = 8e-3;  // tests/cases.py REL_FRO_TOL
+constexpr double kLseAbsTol = 2e-3;  // tests/cases.py LSE_ABS_TOL
 
 uint16_t to_bf16(float f) {
   uint32_t u;
@@ -57,6 +64,9 @@ struct Case {
   int bad_token = -1;         // this referenced token (flat, item-major) points outside the cache
   bool orphan = false;        // one more query token than qo_indptr covers
   bool nan_scale_token0 = false;  // MXFP4: token 0 of item 0 gets a NaN (0xFF) block scale
+  int mx_lo = 124, mx_hi = 129;   // MXFP4: E8M0 block scales drawn from [mx_lo, mx_hi]
+  int q_spread = 0;               // each (token, head) of q times 2^(q_shift + k), k uniform in [-q_spread, q_spread / 4]
+  int q_shift = 0;
   uint32_t seed = 1;
 };
 
@@ -86,7 +96,7 @@ int row_bytes(KvFormat f) {
   return f == KvFormat::kBf16 ? 2 * kHeadDimQK : f == KvFormat::kMxfp4 ? kMxfp4RowBytes : kHeadDimQK;
 }
 
-void fill_row(Problem& pr, KvFormat f, int64_t r, bool nan_row, std::mt19937& rng) {
+void fill_row(const Case& cs, Problem& pr, KvFormat f, int64_t r, bool nan_row, std::mt19937& rng) {
   uint8_t* row = pr.kv.data() + r * pr.row_stride;
   std::normal_distribution<float> nd(0.f, 1.f);
   std::uniform_int_distribution<int> u(0, 255);
@@ -98,7 +108,7 @@ void fill_row(Problem& pr, KvFormat f, int64_t r, bool nan_row, std::mt19937& rn
   } else if (f == KvFormat::kMxfp4) {
     for (int i = 0; i < kMxfp4RowBytes; ++i) row[i] = static_cast<uint8_t>(u(rng));
     for (int k = 0; k < kMxBlocksPerRow; ++k) {
-      pr.mx[r * 20 + k] = nan_row ? 0xff : static_cast<uint8_t>(124 + u(rng) % 6);
+      pr.mx[r * 20 + k] = nan_row ? 0xff : static_cast<uint8_t>(cs.mx_lo + u(rng) % (cs.mx_hi - cs.mx_lo + 1));
     }
   } else {
     const bool fnuz = f == KvFormat::kFp8E4M3FNUZ;
@@ -207,12 +217,19 @@ void build(const Case& c, Problem& pr) {
   pr.mx.assign(static_cast<size_t>(num_rows) * 20, 0);
   std::vector<char> used(num_rows, 0);
   for (int64_t r : token_row) if (r >= 0) used[r] = 1;
-  for (int64_t r = 0; r < num_rows; ++r) fill_row(pr, c.fmt, r, !used[r], rng);
+  for (int64_t r = 0; r < num_rows; ++r) fill_row(c, pr, c.fmt, r, !used[r], rng);
   if (c.nan_scale_token0 && token_row[0] >= 0) pr.mx[token_row[0] * 20 + 3] = 0xff;
 
   std::normal_distribution<float> nd(0.f, 1.f);
   pr.q.resize(static_cast<size_t>(total_q) * c.heads * kHeadDimQK);
   for (auto& x : pr.q) x = to_bf16(nd(rng));
+  if (c.q_spread > 0 || c.q_shift != 0) {  // powers of two keep bf16 values exact
+    std::uniform_int_distribution<int> k(-c.q_spread, c.q_spread / 4);
+    for (size_t row = 0; row < pr.q.size(); row += kHeadDimQK) {
+      const float f = std::ldexp(1.f, c.q_shift + k(rng));
+      for (int d = 0; d < kHeadDimQK; ++d) pr.q[row + d] = to_bf16(bf16_value(pr.q[row + d]) * f);
+    }
+  }
   const int64_t out_head = kHeadDimV + kOutPad, out_token = c.heads * out_head + kOutPad;
   const int64_t lse_token = c.heads + 3;
   pr.out.assign(static_cast<size_t>(total_q) * out_token, kSentinel);
@@ -240,8 +257,10 @@ void build(const Case& c, Problem& pr) {
   p.lse_stride_head = 1;
 }
 
-// Returns the number of failed rows (prints the first few).
-int check(const Case& c, const Problem& pr, int splits, double* rel_fro) {
+// Returns the number of failed rows (prints the first few); rel_fro: the
+// relative Frobenius error of the finite rows, lse_err: the largest absolute
+// LSE error.
+int check(const Case& c, const Problem& pr, int splits, double* rel_fro, double* lse_err) {
   const MlaDecodeParams& p = pr.p;
   double err2 = 0, ref2 = 0;  // relative Frobenius error over the rows with a finite reference
   const int B = p.batch;
@@ -309,7 +328,8 @@ int check(const Case& c, const Problem& pr, int splits, double* rel_fro) {
           if (out[d] != 0) { fail(t, h, "out (want 0)", bf16_value(out[d]), 0); break; }
         }
       } else {
-        if (!(std::fabs(lse - ref_lse) <= 2e-3 * std::max(1.0, std::fabs(ref_lse)))) fail(t, h, "lse", lse, ref_lse);
+        if (!(std::fabs(lse - ref_lse) < kLseAbsTol)) fail(t, h, "lse", lse, ref_lse);
+        *lse_err = std::max(*lse_err, std::fabs(lse - ref_lse));
         for (int d = 0; d < kHeadDimV; ++d) {
           const double got = bf16_value(out[d]);
           err2 += (got - o[d]) * (got - o[d]);
@@ -556,6 +576,260 @@ int check_fp8_helpers() {
   return bad;
 }
 
+#if defined(__gfx950__)
+// ---- gfx950: the CDNA4 instructions and the gfx950 kernel's Q split ---------
+
+// One wave: A (16 x 128 codes of format kFa, row-major), B (128 x 16 codes of
+// kFb), SA (16 x 4 E8M0: row, K block), SB (4 x 16: K block, column) handed
+// to the scaled MFMA in the layout of the CDNA4 ISA (7.1.5.1, 7.2.1), with
+// the scale in byte `kOpsel` of its register; kUnscaled passes the constant
+// scales 0 (the unscaled opcode).
+template <int kFa, int kFb, int kOpsel, bool kUnscaled>
+__global__ void mfma_scale_probe(const uint8_t* A, const uint8_t* B, const uint8_t* SA, const uint8_t* SB,
+                                 const float* C, float* D) {
+  const int l = threadIdx.x, rc = l % 16, g = l / 16;
+  auto place = [&](int fmt, auto code_at) {  // this lane's 8 operand registers
+    uint32_t r[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (fmt <= 1) {
+      for (int byte = 0; byte < 32; ++byte) {
+        const int k = byte < 16 ? 16 * g + byte : 64 + 16 * g + (byte - 16);
+        r[byte / 4] |= code_at(k) << (8 * (byte % 4));
+      }
+    } else {
+      for (int n = 0; n < 32; ++n) r[n / 8] |= (code_at(32 * g + n) & 0xfu) << (4 * (n % 8));
+    }
+    emu::i32x8 v;
+    for (int i = 0; i < 8; ++i) v[i] = static_cast<int>(r[i]);
+    return v;
+  };
+  const emu::i32x8 a = place(kFa, [&](int k) { return static_cast<uint32_t>(A[rc * 128 + k]); });
+  const emu::i32x8 b = place(kFb, [&](int k) { return static_cast<uint32_t>(B[k * 16 + rc]); });
+  // Other bytes of the scale registers hold junk: OPSEL must pick byte kOpsel.
+  const int sa = static_cast<int>((0x5a5a5a5au & ~(0xffu << 8 * kOpsel)) | static_cast<uint32_t>(SA[rc * 4 + g]) << 8 * kOpsel);
+  const int sb = static_cast<int>(static_cast<uint32_t>(SB[g * 16 + rc]) << 8 * kOpsel);
+  emu::f32x4 c;
+  for (int r = 0; r < 4; ++r) c[r] = C[(4 * g + r) * 16 + rc];
+  emu::f32x4 d;
+  if constexpr (kUnscaled) {
+    d = __builtin_amdgcn_mfma_scale_f32_16x16x128_f8f6f4(a, b, c, kFa, kFb, 0, 0, 0, 0);
+  } else {
+    d = __builtin_amdgcn_mfma_scale_f32_16x16x128_f8f6f4(a, b, c, kFa, kFb, kOpsel, sa, kOpsel, sb);
+  }
+  for (int r = 0; r < 4; ++r) D[(4 * g + r) * 16 + rc] = d[r];
+}
+__global__ void mfma_bf16_k32_probe(const uint16_t* A, const uint16_t* B, const float* C, float* D) {
+  const int l = threadIdx.x, i = l % 16, g = l / 16;
+  uint16_t av[8], bv[8];
+  for (int j = 0; j < 8; ++j) {
+    av[j] = A[i * 32 + 8 * g + j];
+    bv[j] = B[(8 * g + j) * 16 + i];
+  }
+  emu::Bf16x8Bits a, b;
+  memcpy(a.data(), av, 16);
+  memcpy(b.data(), bv, 16);
+  emu::f32x4 c;
+  for (int r = 0; r < 4; ++r) c[r] = C[(4 * g + r) * 16 + i];
+  const emu::f32x4 d = __builtin_amdgcn_mfma_f32_16x16x32_bf16(a, b, c, 0, 0, 0);
+  for (int r = 0; r < 4; ++r) D[(4 * g + r) * 16 + i] = d[r];
+}
+
+// formats.h's decoders for the formats the kernels feed the MFMA (E4M3 OCP,
+// E2M1), independent of the emulator's.
+double ref_code(int fmt, uint8_t c) { return fmt == 0 ? e4m3fn_to_float(c) : e2m1_to_float(c & 0xf); }
+
+template <int kFa, int kFb, int kOpsel, bool kUnscaled>
+int check_scaled_mfma_case(std::mt19937& rng, int trial) {
+  int bad = 0;
+  std::vector<uint8_t> A(16 * 128), B(128 * 16), SA(16 * 4), SB(4 * 16);
+  std::vector<float> C(256), D(256);
+  auto code = [&](int fmt) {
+    uint8_t x = static_cast<uint8_t>(rng());
+    if (fmt == 0 && std::isnan(e4m3fn_to_float(x))) x = 0x3c;
+    return fmt == 0 ? x : static_cast<uint8_t>(x & 0xf);
+  };
+  for (auto& x : A) x = code(kFa);
+  for (auto& x : B) x = code(kFb);
+  for (auto& x : SA) x = static_cast<uint8_t>(rng() % 40 == 0 ? rng() % 255 : 112 + rng() % 30);  // 0..254 now and then
+  for (auto& x : SB) x = static_cast<uint8_t>(rng() % 40 == 0 ? rng() % 255 : 112 + rng() % 30);
+  for (auto& x : C) x = static_cast<float>(static_cast<int>(rng() % 2001) - 1000) / 64.f;
+  int nan_row = -1, nan_col = -1;
+  if (trial == 3) { SA[5 * 4 + 2] = 0xff; nan_row = 5; }                 // NaN block scale of row 5
+  if (trial == 4 && kFb == 0) { B[77 * 16 + 9] = 0x7f; nan_col = 9; }    // NaN code in column 9
+  if (trial == 5) { SA[3 * 4 + 1] = 0; SB[1 * 16 + 7] = 0; }             // E8M0 0: 2^-127 (a runtime 0)
+  emu::launch(mfma_scale_probe<kFa, kFb, kOpsel, kUnscaled>, dim3(1), dim3(64), A.data(), B.data(), SA.data(),
+              SB.data(), C.data(), D.data());
+  for (int i = 0; i < 16; ++i) {
+    for (int j = 0; j < 16; ++j) {
+      double want = C[i * 16 + j], mag = std::fabs(want);
+      for (int kb = 0; kb < 4; ++kb) {
+        double blk = 0, blk_mag = 0;
+        for (int k = 32 * kb; k < 32 * kb + 32; ++k) {
+          const double t = ref_code(kFa, A[i * 128 + k]) * ref_code(kFb, B[k * 16 + j]);
+          blk += t;
+          blk_mag += std::fabs(t);
+        }
+        const double sc = kUnscaled ? 1.0 : static_cast<double>(e8m0_to_float(SA[i * 4 + kb])) *
+                                                std::ldexp(1.0, SB[kb * 16 + j] - 127);
+        want += blk * sc;
+        mag += blk_mag * sc;
+      }
+      const double got = D[i * 16 + j];
+      const bool want_nan = (!kUnscaled && i == nan_row) || j == nan_col;
+      const float wf = static_cast<float>(want);
+      const bool ok = want_nan      ? std::isnan(got)
+                      : std::isinf(wf) ? got == wf
+                                       : std::fabs(got - want) <= 1e-6 * mag + 1e-38;
+      if (!ok && ++bad <= 5) {
+        printf("    FAIL scaled MFMA emulation (A fmt %d, B fmt %d, opsel %d%s): D[%d][%d] = %g, want %g\n", kFa, kFb,
+               kOpsel, kUnscaled ? ", unscaled" : "", i, j, got, want);
+      }
+    }
+  }
+  return bad;
+}
+
+int check_gfx950_instructions() {
+  int bad = 0;
+  std::mt19937 rng(31);
+  for (int trial = 0; trial < 8; ++trial) {
+    bad += check_scaled_mfma_case<4, 0, 0, false>(rng, trial);  // E2M1 x E4M3 (MXFP4 QK)
+    bad += check_scaled_mfma_case<0, 0, 0, false>(rng, trial);  // E4M3 x E4M3 (fp8 QK)
+    bad += check_scaled_mfma_case<4, 4, 2, false>(rng, trial);
+    bad += check_scaled_mfma_case<0, 4, 3, false>(rng, trial);
+    bad += check_scaled_mfma_case<0, 0, 1, false>(rng, trial);
+    bad += check_scaled_mfma_case<4, 0, 0, true>(rng, trial);   // the unscaled opcode
+  }
+  // bf16 16x16x32.
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (int trial = 0; trial < 20; ++trial) {
+    std::vector<uint16_t> A(16 * 32), B(32 * 16);
+    std::vector<float> C(256), D(256);
+    for (auto& x : A) x = to_bf16(nd(rng) * (trial == 7 ? 1e-38f : 1.f));  // trial 7: bf16 subnormals
+    for (auto& x : B) x = to_bf16(nd(rng));
+    for (auto& x : C) x = nd(rng);
+    emu::launch(mfma_bf16_k32_probe, dim3(1), dim3(64), A.data(), B.data(), C.data(), D.data());
+    for (int i = 0; i < 16; ++i) {
+      for (int j = 0; j < 16; ++j) {
+        double want = C[i * 16 + j], mag = std::fabs(want);
+        for (int k = 0; k < 32; ++k) {
+          want += bf16_value(A[i * 32 + k]) * bf16_value(B[k * 16 + j]);
+          mag += std::fabs(bf16_value(A[i * 32 + k]) * bf16_value(B[k * 16 + j]));
+        }
+        if (!(std::fabs(D[i * 16 + j] - want) <= 1e-6 * mag) && ++bad <= 5) {
+          printf("    FAIL bf16 16x16x32 MFMA emulation: D[%d][%d] = %g, want %g\n", i, j, D[i * 16 + j], want);
+        }
+      }
+    }
+  }
+  // The converts: every byte in every position with every E8M0 scale (FP4);
+  // every 16-bit word in both positions with a spread of scales (FP8).
+  auto bfv = [](uint32_t bits16) { return bf16_bits_to_float(static_cast<uint16_t>(bits16)); };
+  auto same = [](float a, float b) { return (std::isnan(a) && std::isnan(b)) || (a == b && std::signbit(a) == std::signbit(b)); };
+  for (uint32_t e = 0; e < 256; ++e) {
+    const float sc_op = __uint_as_float(e << 23 | (e == 7 ? 0x12345u : 0u));  // mantissa bits are ignored
+    for (uint32_t byte = 0; byte < 256; ++byte) {
+      for (int sel = 0; sel < 4; ++sel) {
+        const uint32_t src = (static_cast<uint32_t>(rng()) & ~(0xffu << 8 * sel)) | byte << 8 * sel;
+        emu::Bf16x2Bits r;
+        switch (sel) {
+          case 0: r = __builtin_amdgcn_cvt_scalef32_pk_bf16_fp4(src, sc_op, 0); break;
+          case 1: r = __builtin_amdgcn_cvt_scalef32_pk_bf16_fp4(src, sc_op, 1); break;
+          case 2: r = __builtin_amdgcn_cvt_scalef32_pk_bf16_fp4(src, sc_op, 2); break;
+          default: r = __builtin_amdgcn_cvt_scalef32_pk_bf16_fp4(src, sc_op, 3); break;
+        }
+        uint32_t u;
+        memcpy(&u, &r, 4);
+        for (int h = 0; h < 2; ++h) {
+          const float want = e2m1_to_float((byte >> 4 * h) & 0xf) * e8m0_to_float(static_cast<uint8_t>(e));
+          const float got = bfv(u >> 16 * h);
+          if (!same(got, want) && ++bad <= 5) {
+            printf("    FAIL cvt_scalef32_pk_bf16_fp4: byte 0x%02x nibble %d scale %u -> %g, want %g\n", byte, h, e,
+                   got, want);
+          }
+        }
+      }
+    }
+  }
+  const uint32_t fp8_scales[] = {127, 0, 1, 100, 126, 128, 140, 254, 255};
+  for (uint32_t e : fp8_scales) {
+    for (uint32_t w = 0; w < 0x10000; ++w) {
+      for (int sel = 0; sel < 2; ++sel) {
+        const uint32_t src = sel ? (w << 16 | 0x7f7f) : (0x7f7f0000u | w);
+        const emu::Bf16x2Bits r = sel ? __builtin_amdgcn_cvt_scalef32_pk_bf16_fp8(src, __uint_as_float(e << 23), true)
+                                  : __builtin_amdgcn_cvt_scalef32_pk_bf16_fp8(src, __uint_as_float(e << 23), false);
+        uint32_t u;
+        memcpy(&u, &r, 4);
+        for (int h = 0; h < 2; ++h) {
+          // Exact in fp32; bf16 rounds the products below its normal range (RNE).
+          const float exact = e4m3fn_to_float(static_cast<uint8_t>(w >> 8 * h)) * e8m0_to_float(static_cast<uint8_t>(e));
+          const float want = std::isnan(exact) ? exact : std::copysign(bf16_value(to_bf16(exact)), exact);
+          const float got = bfv(u >> 16 * h);
+          if (!same(got, want) && ++bad <= 5) {
+            printf("    FAIL cvt_scalef32_pk_bf16_fp8: word 0x%04x half %d scale %u -> %g, want %g\n", w, h, e, got,
+                   want);
+          }
+        }
+      }
+    }
+  }
+  printf("%s  gfx950 instruction emulation: scaled 16x16x128 MFMA vs scalar (E2M1/E4M3 operands, OPSEL 0-3, NaN and "
+         "zero scales, unscaled opcode; 48 matrices), bf16 16x16x32 (20), cvt_scalef32_pk_bf16_fp4 (every byte x "
+         "scale x position), _fp8 (every word, 9 scales)\n",
+         bad ? "FAIL" : "ok  ");
+  return bad;
+}
+
+// The gfx950 kernel's Q split (kernels/cdna/mfma_gfx950.cuh, q_split16, 16
+// values at a time as the kernel calls it): for every bf16 x with |x| < 256
+// (the scaled range), hi + lo / 32 == x exactly when |x| >= 2^-7, else
+// within 2^-15; |hi| <= 256; no code NaN; NaN -> NaN codes. And the scale
+// exponent puts every amax in [2^7, 2^8).
+int check_gfx950_q_split() {
+  namespace k = cuda::mfma::gfx950;
+  int bad = 0;
+  std::vector<uint16_t> xs;
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    const float x = bf16_bits_to_float(static_cast<uint16_t>(bits));
+    if (std::isfinite(x) && std::fabs(x) < 256.f) xs.push_back(static_cast<uint16_t>(bits));
+  }
+  xs.push_back(0x7fc0);  // NaN
+  while (xs.size() % 16) xs.push_back(0);
+  for (size_t base = 0; base < xs.size(); base += 16) {
+    uint32_t words[8];
+    for (int w = 0; w < 8; ++w) words[w] = xs[base + 2 * w] | static_cast<uint32_t>(xs[base + 2 * w + 1]) << 16;
+    const cuda::mfma::u32x4_t v[2] = {{words[0], words[1], words[2], words[3]}, {words[4], words[5], words[6], words[7]}};
+    cuda::mfma::u32x4_t hi, lo;
+    k::q_split16(v[0], v[1], 1.f, hi, lo);
+    for (int e = 0; e < 16; ++e) {
+      const float x = bf16_bits_to_float(xs[base + e]);
+      const uint8_t ch = static_cast<uint8_t>(hi[e / 4] >> (8 * (e % 4))), cl = static_cast<uint8_t>(lo[e / 4] >> (8 * (e % 4)));
+      const float h = e4m3fn_to_float(ch), l = e4m3fn_to_float(cl);
+      if (std::isnan(x)) {
+        if (!(std::isnan(h) && std::isnan(l)) && ++bad <= 5) printf("    FAIL gfx950 q_split16 of NaN\n");
+        continue;
+      }
+      const double got = static_cast<double>(h) + static_cast<double>(l) / 32.0;
+      const double tol = std::fabs(x) >= 0x1p-7 ? 0.0 : 0x1p-15;
+      if ((std::isnan(h) || std::isnan(l) || std::fabs(h) > 256.f || !(std::fabs(got - x) <= tol)) && ++bad <= 5) {
+        printf("    FAIL gfx950 q_split16 of %g: codes 0x%02x 0x%02x -> %.10g\n", x, ch, cl, got);
+      }
+    }
+  }
+  for (int e = -115; e <= 127; ++e) {
+    for (float m : {1.f, 1.5f, 1.9921875f}) {
+      const float amax = std::ldexp(m, e);
+      const int se = k::q_scale_exp(amax);
+      const double x = std::ldexp(static_cast<double>(amax), se);
+      if (!(x >= 128.0 && x < 256.0) && ++bad <= 5) printf("    FAIL gfx950 q_scale_exp(%g) = %d\n", amax, se);
+    }
+  }
+  printf("%s  gfx950 Q split: every bf16 value of the scaled range (exact from 2^-7, else within 2^-15), NaN, scale "
+         "exponent for 2^-115..2^127\n",
+         bad ? "FAIL" : "ok  ");
+  return bad;
+}
+#endif  // __gfx950__
+
 }  // namespace
 
 int main() {
@@ -639,9 +913,91 @@ int main() {
     c.q_lens = {1, 1}; c.kv_lens = {400, 64}; c.bad_token = 10; c.splits = 24; c.seed = 18; add(c);
   }
 
+  // Every format, H 16 / 32 / 64 / 128, q_len 1-4, ragged lengths with 0,
+  // all three layouts.
+  {
+    Case c; c.name = "bf16 indices H32 causal q_len 2, ragged 70/0/3"; c.layout = L::kIndptrIndices; c.heads = 32;
+    c.q_lens = {2, 2, 2}; c.kv_lens = {70, 0, 3}; c.splits = 0; c.seed = 19; add(c);
+  }
+  {
+    Case c; c.name = "bf16 paged P16 H64 causal q_len 4, 2 splits"; c.layout = L::kPaged; c.page_size = 16;
+    c.heads = 64; c.q_lens = {4, 4}; c.kv_lens = {90, 41}; c.splits = 2; c.seed = 20; add(c);
+  }
+  {
+    Case c; c.name = "bf16 indices H128 causal q_len 2"; c.layout = L::kIndptrIndices; c.heads = 128;
+    c.q_lens = {2, 2}; c.kv_lens = {64, 130}; c.splits = 0; c.seed = 21; add(c);
+  }
+  {
+    Case c; c.name = "fp8_e4m3fn paged P1 H32 causal q_len 3, ragged 37/1/0"; c.fmt = F::kFp8E4M3FN;
+    c.layout = L::kPaged; c.page_size = 1; c.heads = 32; c.q_lens = {3, 3, 3}; c.kv_lens = {37, 1, 0};
+    c.splits = 0; c.seed = 22; add(c);
+  }
+  {
+    Case c; c.name = "fp8_e4m3fn indices H64 ragged 200/33"; c.fmt = F::kFp8E4M3FN; c.layout = L::kIndptrIndices;
+    c.heads = 64; c.q_lens = {1, 1}; c.kv_lens = {200, 33}; c.splits = 0; c.seed = 23; add(c);
+  }
+  {
+    Case c; c.name = "fp8_e4m3fn paged P64 H128 causal q_len 2"; c.fmt = F::kFp8E4M3FN; c.layout = L::kPaged;
+    c.page_size = 64; c.heads = 128; c.q_lens = {2}; c.kv_lens = {150}; c.splits = 0; c.seed = 24; add(c);
+  }
+  {
+    Case c; c.name = "fp8_e4m3fn q magnitudes 2^-24..2^6, 3 splits"; c.fmt = F::kFp8E4M3FN; c.q_lens = {1, 1};
+    c.kv_lens = {300, 17}; c.q_spread = 24; c.splits = 3; c.seed = 25; add(c);
+  }
+  {
+    Case c; c.name = "fp8_e4m3fn indptr causal q_len 4, ragged 5/300"; c.fmt = F::kFp8E4M3FN; c.q_lens = {4, 4};
+    c.kv_lens = {5, 300}; c.splits = 0; c.seed = 26; add(c);
+  }
+  {
+    Case c; c.name = "fp8_e4m3fnuz indptr H32 ragged 0/64/130"; c.fmt = F::kFp8E4M3FNUZ; c.heads = 32;
+    c.q_lens = {1, 1, 1}; c.kv_lens = {0, 64, 130}; c.splits = 0; c.seed = 27; add(c);
+  }
+  {
+    Case c; c.name = "fp8_e4m3fnuz paged P16 H64 causal q_len 3"; c.fmt = F::kFp8E4M3FNUZ; c.layout = L::kPaged;
+    c.page_size = 16; c.heads = 64; c.q_lens = {3}; c.kv_lens = {80}; c.splits = 1; c.seed = 28; add(c);
+  }
+  {
+    Case c; c.name = "fp8_e4m3fnuz indices H128"; c.fmt = F::kFp8E4M3FNUZ; c.layout = L::kIndptrIndices;
+    c.heads = 128; c.q_lens = {1}; c.kv_lens = {100}; c.splits = 0; c.seed = 29; add(c);
+  }
+  {
+    Case c; c.name = "mxfp4 indices ragged 1/0/95/32, auto splits"; c.fmt = F::kMxfp4; c.layout = L::kIndptrIndices;
+    c.q_lens = {1, 1, 1, 1}; c.kv_lens = {1, 0, 95, 32}; c.splits = 0; c.seed = 30; add(c);
+  }
+  {
+    Case c; c.name = "mxfp4 paged P16 H32 causal q_len 2, 2 splits"; c.fmt = F::kMxfp4; c.layout = L::kPaged;
+    c.page_size = 16; c.heads = 32; c.q_lens = {2, 2}; c.kv_lens = {77, 140}; c.splits = 2; c.seed = 31; add(c);
+  }
+  {
+    Case c; c.name = "mxfp4 indptr H64 causal q_len 4, ragged 45/3"; c.fmt = F::kMxfp4; c.heads = 64;
+    c.q_lens = {4, 4}; c.kv_lens = {45, 3}; c.splits = 0; c.seed = 32; add(c);
+  }
+  {
+    Case c; c.name = "mxfp4 indices H128 kv 300, auto splits"; c.fmt = F::kMxfp4; c.layout = L::kIndptrIndices;
+    c.heads = 128; c.q_lens = {1}; c.kv_lens = {300}; c.splits = 0; c.seed = 33; add(c);
+  }
+  {
+    // Scores of order 1-100, as in use (the LSE bound is absolute).
+    Case c; c.name = "mxfp4 block scales 2^-17..2^17, q 2^-25..2^-15"; c.fmt = F::kMxfp4; c.q_lens = {1};
+    c.kv_lens = {200}; c.mx_lo = 110; c.mx_hi = 144; c.q_shift = -17; c.q_spread = 8; c.splits = 2; c.seed = 34;
+    add(c);
+  }
+  {
+    Case c; c.name = "mxfp4 indptr H16 kv 2000, 1 split"; c.fmt = F::kMxfp4; c.q_lens = {1}; c.kv_lens = {2000};
+    c.splits = 1; c.seed = 35; add(c);
+  }
+  {
+    Case c; c.name = "mxfp4 indices H20 bad index, 24 splits"; c.fmt = F::kMxfp4; c.layout = L::kIndptrIndices;
+    c.heads = 20; c.q_lens = {1, 1}; c.kv_lens = {400, 64}; c.bad_token = 10; c.splits = 24; c.seed = 36; add(c);
+  }
+
   int failed = check_decoders() != 0;
   failed += check_mfma() != 0;
   failed += check_fp8_helpers() != 0;
+#if defined(__gfx950__)
+  failed += check_gfx950_instructions() != 0;
+  failed += check_gfx950_q_split() != 0;
+#endif
   for (const Case& c : cases) {
     Problem pr;
     build(c, pr);
@@ -657,11 +1013,12 @@ int main() {
     const uint64_t blocks0 = emu::state().blocks_run;
     const hipError_t err = cuda::launch_decode(pr.p, plan, ws.data(), nullptr);
     const uint64_t blocks = emu::state().blocks_run - blocks0;
-    double rel_fro = 0;
-    int bad = err == hipSuccess ? check(c, pr, plan.num_splits, &rel_fro) : 1;
+    double rel_fro = 0, lse_err = 0;
+    int bad = err == hipSuccess ? check(c, pr, plan.num_splits, &rel_fro, &lse_err) : 1;
     if (err != hipSuccess) printf("    FAIL %s: launch_decode returned %d\n", c.name.c_str(), err);
-    printf("%s  %-50s %-13s H=%-3d splits=%-2d workgroups=%-4llu rel_fro=%.2e\n", bad ? "FAIL" : "ok  ",
-           c.name.c_str(), fmt_name(c.fmt), c.heads, plan.num_splits, static_cast<unsigned long long>(blocks), rel_fro);
+    printf("%s  %-52s %-13s H=%-3d splits=%-2d workgroups=%-4llu rel_fro=%.2e lse_err=%.1e\n", bad ? "FAIL" : "ok  ",
+           c.name.c_str(), fmt_name(c.fmt), c.heads, plan.num_splits, static_cast<unsigned long long>(blocks), rel_fro,
+           lse_err);
     failed += bad != 0;
   }
   printf("hip_emu: %zu cases, %d failed\n", cases.size(), failed);

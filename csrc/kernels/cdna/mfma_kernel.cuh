@@ -1,13 +1,15 @@
-// Split-KV MLA decode kernel for AMD CDNA (gfx90a, gfx942 = MI300, gfx950 =
-// MI355X): bf16 MFMA, and fp8 MFMA for fp8 caches where the target has it
-// (see "fp8 MFMA path" below), wave64. Same contract as decode_kernel.cuh (see
-// decode_common.h); decode_<format>.cu include this file instead of that one
-// when MLA_PLATFORM_HIP.
+// Split-KV MLA decode kernel for AMD CDNA, wave64: the body for gfx90a (MI200)
+// and gfx942 (MI300) in this file (bf16 MFMA, and fp8 MFMA for fp8 caches on
+// gfx942: "fp8 MFMA path" below); gfx950 (MI355X) compiles
+// mfma_gfx950.cuh's body instead (CDNA4's scaled f8f6f4 and 16x16x32 bf16
+// MFMAs), which reuses this file's constants and helpers. Launch contract:
+// kernels/common/launch_contract.h; one instantiation per format in
+// mfma_{bf16,fp8,mxfp4}.cu.
 //
 // Grid:  x = query token t * head_groups + head group (16 heads), y = KV split.
 // Block: 256 threads = 4 waves of 64; one workgroup owns 16 query rows (heads
 //        h0..h0+15 of token t) and the KV positions [kv_begin, kv_end) of its
-//        split (computed on the device exactly as on CUDA).
+//        split (kernels/common/work.cuh, shared with the CUDA kernels).
 //
 // Per 32-token stage (one LDS buffer, register prefetch: AMD has no cp.async):
 //   0. The raw cache bytes of stage it+1 are loaded into registers with plain
@@ -17,8 +19,10 @@
 //      value) and writes them to the LDS tile, so every element is converted
 //      once and the MFMA loops below are the same for all formats. fp8 codes
 //      stay unscaled (the per-tensor scale multiplies S and O, as on CUDA):
-//      v_cvt_pk_f32_fp8 on gfx942 / gfx950 for either e4m3 flavour (see
-//      Fmt::kFp8Ratio), formats.h's scalar decoders elsewhere. MXFP4 block
+//      v_cvt_pk_f32_fp8 where the target has it (gfx942 fnuz, gfx950 OCP:
+//      fp8x4_to_bf16, either e4m3 flavour through Fmt::kFp8Ratio; gfx950's
+//      body uses it for fnuz caches), formats.h's scalar decoders on gfx90a.
+//      MXFP4 block
 //      scales are folded into the values: a v_perm_b32 table lookup for
 //      2 <= E8M0 <= 252, formats.h's decoders for the other scales.
 //   1. S^T = K Q^T, split over the head dim: wave w owns dims [144w, 144w+144)
@@ -32,7 +36,7 @@
 //
 // MFMA used: v_mfma_f32_16x16x16bf16_1k through
 //   __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(short4 a, short4 b, float4 c, cbsz, abid, blgp)
-// (gfx90a, gfx942, gfx950): D(16x16, fp32) = A(16x16) * B(16x16) + C, one wave
+// (gfx90a, gfx942): D(16x16, fp32) = A(16x16) * B(16x16) + C, one wave
 // of 64 lanes. With cbsz = abid = blgp = 0, lane l (g = l / 16):
 //   A: row l % 16, k = 4g .. 4g+3      (4 bf16 = 2 VGPRs, k ascending)
 //   B: col l % 16, k = 4g .. 4g+3      (4 bf16 = 2 VGPRs)
@@ -55,14 +59,11 @@
 //                                    conflict-free 8-byte operand reads)
 //   flag, alpha, m, l
 //
-// fp8 MFMA path (Fmt<F>::kFp8Mfma: fp8 caches on targets whose fp8 MFMA reads
-// the cache's bytes; a compile-time function of target and format):
-//   gfx942 (fnuz MFMA): fp8_e4m3fnuz as is; fp8_e4m3fn through the factor-2
-//           relation of the two flavours (Fmt::kFp8Ratio, bytes 0x80 / 0x7F /
-//           0xFF fixed up in registers: -0 -> +0, NaN -> the fnuz NaN 0x80);
-//   gfx950 (OCP MFMA): fp8_e4m3fn only (an fnuz 0x7F = 240 would be 480 in
-//           OCP units, over the OCP maximum 448: fnuz caches keep bf16 MFMA);
-//   gfx90a, MXFP4, bf16: bf16 MFMA as described above.
+// fp8 MFMA path (Fmt<F>::kFp8Mfma: fp8 caches on gfx942, whose fp8 MFMA reads
+// e4m3 as fnuz): fp8_e4m3fnuz as is; fp8_e4m3fn through the factor-2
+// relation of the two flavours (Fmt::kFp8Ratio, bytes 0x80 / 0x7F / 0xFF
+// fixed up in registers: -0 -> +0, NaN -> the fnuz NaN 0x80). gfx90a, MXFP4
+// and bf16 use bf16 MFMA as described above.
 // The cache's raw fp8 bytes go to LDS unchanged (no decode at all) and are
 // the A operands of v_mfma_f32_16x16x32_fp8_fp8 through
 //   __builtin_amdgcn_mfma_f32_16x16x32_fp8_fp8(long a, long b, float4 c, cbsz, abid, blgp)
@@ -74,7 +75,7 @@
 // (AMD, "Matrix Core Programming on AMD CDNA3 and CDNA4 architecture" and the
 // CDNA3 ISA, section 7: the fp8 MFMAs take 8 consecutive k per lane group;
 // A[i][k] in lane 16 floor(k/8) + i, byte k % 8; CDNA3 reads fp8 as
-// E4M3FNUZ, CDNA4 as OCP E4M3FN; products are exact and accumulate in fp32.)
+// E4M3FNUZ; products are exact and accumulate in fp32.)
 // Again only the pairing of A's and B's (lane, byte) -> k maps matters, and
 // both operands use the same one.
 // Q and P are not fp8, so each is split into two fp8 terms (fp8_split):
@@ -83,7 +84,8 @@
 // included; integer code, not the hardware convert, so it is exactly the code
 // the emulator checks), and S = (hi.K + lo.K) / s is two MFMAs on the same K
 // bytes (likewise O += V (hi + lo), P's scale folded into the output scale).
-// Error of the split (t = the flavour's top exponent used, see kFp8TopExp):
+// Error of the split (t = the top exponent used, see kFp8TopExp; the OCP
+// variants of the helpers are kept and tested for completeness):
 //   * q (bf16: 8 significant bits) with s x in [2^t, 2^(t+1)) for the row's
 //     largest |q|: s x - hi is a multiple of ulp_bf16(s x) and at most
 //     half an fp8 ulp, so it has <= 4 significant bits and lo = s x - hi is
@@ -92,8 +94,8 @@
 //     represented exactly; smaller ones err by <= half a quantum, i.e.
 //     <= 2^-17 max|q| absolute. Scores are then K.q up to fp32 accumulation:
 //     no error comparable to bf16's at all.
-//   * p (fp32, in [0, 1], s = kFp8PScale = 2^7 fnuz / 2^8 OCP: s p <= 128 /
-//     256, under 240 / 448): lo's own rounding error is <= half an ulp of a
+//   * p (fp32, in [0, 1], s = kFp8PScale = 2^7: s p <= 128, under the fnuz
+//     maximum 240; 2^8 for OCP): lo's own rounding error is <= half an ulp of a
 //     number below 2^(E-4) (E = exponent of s p), so |p' - p| <= 2^-8 p
 //     (bf16's P rounding: <= 2^-9 p), unbiased (round to nearest even), plus
 //     at most half a quantum, 2^-18, absolute where lo is subnormal
@@ -231,15 +233,15 @@ struct Fmt {
                                      : (F == KvFormat::kFp8E4M3FNUZ && kNativeOcp)  ? 0.5f
                                                                                     : 1.f;
   static constexpr bool kFp8Fixups = kHwFp8 && kFp8Ratio != 1.f;
-  // fp8 MFMA on the raw cache bytes (see the header): fnuz MFMA (gfx942) for
-  // either flavour, OCP MFMA (gfx950) for the OCP flavour only.
-  static constexpr bool kFp8Mfma = kFp8 && (kNativeFnuz || (kNativeOcp && F == KvFormat::kFp8E4M3FN));
-  static constexpr bool kMfmaOcp = kNativeOcp;  // the flavour the fp8 MFMA reads
+  // fp8 MFMA on the raw cache bytes (see the header): gfx942's fnuz MFMA, for
+  // either flavour. (gfx950 runs mfma_gfx950.cuh, which does not read these.)
+  static constexpr bool kFp8Mfma = kFp8 && kNativeFnuz;
+  static constexpr bool kMfmaOcp = false;  // the flavour the fp8 MFMA reads: fnuz
   // Q: the row's largest |s q| lies in [2^kFp8TopExp, 2^(kFp8TopExp+1)),
-  // which rounds to at most 128 (fnuz, max 240) / 256 (OCP, max 448).
-  static constexpr int kFp8TopExp = kMfmaOcp ? 7 : 6;
-  // P in [0, 1] times this: at most 128 / 256.
-  static constexpr float kFp8PScale = kMfmaOcp ? 256.f : 128.f;
+  // which rounds to at most 128 (fnuz, max 240).
+  static constexpr int kFp8TopExp = 6;
+  // P in [0, 1] times this: at most 128.
+  static constexpr float kFp8PScale = 128.f;
 };
 // MXFP4: a 16-byte chunk is 32 codes = exactly one E8M0 block.
 static_assert(Fmt<KvFormat::kMxfp4>::kElemsPerChunk == kMxBlock, "one MX block per chunk");
@@ -442,8 +444,23 @@ __device__ __forceinline__ void transpose_bytes4(uint32_t w0, uint32_t w1, uint3
   out[3] = perm_bytes(b_hi, a_hi, 0x07060302u);
 }
 
+}  // namespace mfma
+}  // namespace cuda
+}  // namespace mla_decode
+
+#if defined(__gfx950__)
+#include "kernels/cdna/mfma_gfx950.cuh"
+#endif
+
+namespace mla_decode {
+namespace cuda {
+namespace mfma {
+
 template <KvFormat F>
 __global__ void __launch_bounds__(kThreads) mla_decode_split_kernel_mfma(const DecodeLaunch args) {
+#if defined(__gfx950__)
+  gfx950::split_kernel<F>(args);  // CDNA4's own instructions (mfma_gfx950.cuh)
+#else
   using Fm = Fmt<F>;
   constexpr bool kMx = Fm::kMx;
   constexpr bool kFp8 = Fm::kFp8;
@@ -458,7 +475,7 @@ __global__ void __launch_bounds__(kThreads) mla_decode_split_kernel_mfma(const D
   const int col = lane & 15;  // MFMA column / A-row index of this lane
   const int g = lane >> 4;    // MFMA k group (k = 4g..4g+3) / D row group
 
-  // ---- which query token, heads and KV range (decode_work.cuh) ---------------
+  // ---- which query token, heads and KV range (kernels/common/work.cuh) -------
   const WorkItem work = locate_work<kBlockN>(args);
   const int t = work.t, h0 = work.h0, split = work.split, b = work.b;
   const bool orphan = work.orphan;
@@ -807,13 +824,14 @@ __global__ void __launch_bounds__(kThreads) mla_decode_split_kernel_mfma(const D
       args.partial_lse[static_cast<int64_t>(split) * rows + row] = lse;
     }
   }
+#endif  // __gfx950__
 }
 
 }  // namespace mfma
 
 // Launches mfma::mla_decode_split_kernel_mfma<F>; explicitly instantiated per
-// format in decode_<format>.cu, like the CUDA kernel. LDS is static (48 KB,
-// no opt-in needed on AMD below 64 KB), so nothing is configured per device.
+// format in mfma_<format>.cu. LDS is static (at most 48 KB: no opt-in is
+// needed on AMD below 64 KB), so nothing is configured per device.
 template <KvFormat F>
 cudaError_t launch_mfma(const DecodeLaunch& args, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(args.p.total_q) * args.head_groups, args.num_splits);
