@@ -134,9 +134,10 @@ def check_cuda_archs():
     return archs
 
 
-# AMD targets the HIP kernels support: bf16 MFMA (v_mfma_f32_16x16x16bf16_1k) and
-# wave64. gfx942 (MI300) and gfx950 (MI355X) also have the fp8 convert
-# instructions; gfx90a (MI200) decodes fp8 in software.
+# AMD targets the HIP kernels support (wave64, MFMA; docs/amd.md): gfx90a (MI200,
+# bf16 MFMA, fp8 decoded in software), gfx942 (MI300, bf16 and fp8 MFMA) and
+# gfx950 (MI355X: the scaled f8f6f4 MFMA for fp8 and MXFP4, 16x16x32 bf16;
+# needs a compiler with those builtins, ROCm 7 / LLVM 20 or later).
 _ROCM_ARCHS = ("gfx90a", "gfx942", "gfx950")
 
 
