@@ -9,6 +9,7 @@ API falls back to the reference path, loudly (see mla_decode.fallback).
 from __future__ import annotations
 
 import math
+import struct
 import warnings
 
 import torch
@@ -109,6 +110,15 @@ def _int32_vector(t, name) -> None:
          lambda: f"mla_decode: {name} must be contiguous, but its stride is {t.stride(0)}.")
 
 
+def _float32_finite_nonzero(x) -> bool:
+    """Whether float(x), rounded to float32 as the kernels take it, is finite and nonzero."""
+    try:
+        f32 = struct.unpack("f", struct.pack("f", float(x)))[0]
+    except OverflowError:  # beyond float32's range: infinite there
+        return False
+    return math.isfinite(f32) and f32 != 0.0
+
+
 def _overlaps_itself(t) -> bool:
     """validation.cpp's overlaps_itself (with concrete sizes and strides; False when symbolic)."""
     sizes, strides = list(t.shape), list(t.stride())
@@ -125,6 +135,8 @@ def _overlaps_itself(t) -> bool:
 def check_inputs(q, kv_cache, kv_scale, qo_indptr, kv_indptr, kv_indices, block_table, kv_lens, page_size,
                  sm_scale, num_splits) -> None:
     """csrc/api/validation.cpp check_inputs (devices, q, index tensors, layout, cache, scale, scalars)."""
+    for name, t in (("q", q), ("kv_cache", kv_cache), ("qo_indptr", qo_indptr)):
+        _req(t is not None, f"mla_decode: {name} must be a tensor, but it is undefined (None).")
     for name, t in (("kv_cache", kv_cache), ("kv_scale", kv_scale), ("qo_indptr", qo_indptr),
                     ("kv_indptr", kv_indptr), ("kv_indices", kv_indices), ("block_table", block_table),
                     ("kv_lens", kv_lens)):
@@ -243,8 +255,8 @@ def check_inputs(q, kv_cache, kv_scale, qo_indptr, kv_indptr, kv_indices, block_
         _req(s.numel() == 1, lambda: f"mla_decode: fp8 kv_scale must hold one value (per-tensor scale), but it has "
              f"shape {_shape(s)}.")
     # scalars
-    _req(math.isfinite(sm_scale) and sm_scale != 0.0,
-         lambda: f"mla_decode: sm_scale must be finite and nonzero, but it is {sm_scale:.9g}.")
+    _req(_float32_finite_nonzero(sm_scale),
+         lambda: f"mla_decode: sm_scale must be finite and nonzero in float32, but it is {sm_scale:.9g}.")
     _req(num_splits >= 0 and num_splits <= MAX_NUM_SPLITS, lambda: f"mla_decode: num_splits must be in [0, "
          f"{MAX_NUM_SPLITS}] (0 = automatic), but it is {num_splits}.")
 

@@ -30,6 +30,7 @@ bool is_byte_like(at::ScalarType t) {
 }
 
 void check_same_device(const at::Tensor& t, const at::Tensor& q, const char* name) {
+  if (!t.defined()) return;  // reported by the argument's own check
   MLA_CHECK(t.device() == q.device(), "mla_decode: ", name, " must be on the same device as q (",
               q.device(), "), but it is on ", t.device(), ".");
 }
@@ -106,9 +107,24 @@ const char* format_name(KvFormat f) {
   return "unknown";
 }
 
-std::pair<at::Tensor, at::Tensor> allocate_outputs(const at::Tensor& q) {
+void check_q(const at::Tensor& q) {
+  MLA_CHECK(q.defined(), "mla_decode: q must be a tensor, but it is undefined (None).");
+  MLA_CHECK(q.scalar_type() == at::kBFloat16, "mla_decode: q must be bfloat16, but it is ",
+              q.scalar_type(), ".");
   MLA_CHECK(q.dim() == 3, "mla_decode: q must be 3-D (total_q, num_heads, 576), but it has shape ",
               shape_str(q), ".");
+  MLA_CHECK(q.size(2) == kHeadDimQK, "mla_decode: q's last dim must be ", kHeadDimQK,
+              " (kv_lora_rank 512 + rope 64), but it is ", q.size(2), ".");
+  MLA_CHECK(q.size(1) >= 1 && q.size(1) <= kMaxHeads, "mla_decode: q must have 1 to ", kMaxHeads,
+              " heads, but it has ", q.size(1), ".");
+  MLA_CHECK(q.stride(2) == 1, "mla_decode: q's last dim must be contiguous (stride 1), but its stride is ",
+              q.stride(2), ".");
+  MLA_CHECK(q.size(0) * q.size(1) <= kInt32Max, "mla_decode: q has ", q.size(0), " x ", q.size(1),
+              " query rows, more than the int32 limit of ", kInt32Max, ".");
+}
+
+std::pair<at::Tensor, at::Tensor> allocate_outputs(const at::Tensor& q) {
+  check_q(q);  // before allocating: the outputs' size follows from q's shape
   auto out = at::empty({q.size(0), q.size(1), kHeadDimV}, q.options().dtype(at::kBFloat16));
   auto lse = at::empty({q.size(0), q.size(1)}, q.options().dtype(at::kFloat));
   return {out, lse};
@@ -116,7 +132,7 @@ std::pair<at::Tensor, at::Tensor> allocate_outputs(const at::Tensor& q) {
 
 void check_devices(const DecodeInputs& in, const at::Tensor* out, const at::Tensor* lse) {
   const at::Tensor& q = in.q;
-  MLA_CHECK(q.defined(), "mla_decode: q is undefined.");
+  MLA_CHECK(q.defined(), "mla_decode: q must be a tensor, but it is undefined (None).");
   check_same_device(in.kv_cache, q, "kv_cache");
   check_same_device(in.kv_scale, q, "kv_scale");
   check_same_device(in.qo_indptr, q, "qo_indptr");
@@ -131,24 +147,12 @@ void check_devices(const DecodeInputs& in, const at::Tensor* out, const at::Tens
 MlaDecodeParams check_inputs(const DecodeInputs& in) {
   const at::Tensor& q = in.q;
   MlaDecodeParams p;
-  MLA_CHECK(q.defined(), "mla_decode: q is undefined.");
-  MLA_CHECK(in.kv_cache.defined(), "mla_decode: kv_cache is undefined.");
-  MLA_CHECK(in.qo_indptr.defined(), "mla_decode: qo_indptr is undefined.");
+  MLA_CHECK(q.defined(), "mla_decode: q must be a tensor, but it is undefined (None).");
+  MLA_CHECK(in.kv_cache.defined(), "mla_decode: kv_cache must be a tensor, but it is undefined (None).");
+  MLA_CHECK(in.qo_indptr.defined(), "mla_decode: qo_indptr must be a tensor, but it is undefined (None).");
   check_devices(in, nullptr, nullptr);
 
-  // ---- q ----------------------------------------------------------------------
-  MLA_CHECK(q.scalar_type() == at::kBFloat16, "mla_decode: q must be bfloat16, but it is ",
-              q.scalar_type(), ".");
-  MLA_CHECK(q.dim() == 3, "mla_decode: q must be 3-D (total_q, num_heads, 576), but it has shape ",
-              shape_str(q), ".");
-  MLA_CHECK(q.size(2) == kHeadDimQK, "mla_decode: q's last dim must be ", kHeadDimQK,
-              " (kv_lora_rank 512 + rope 64), but it is ", q.size(2), ".");
-  MLA_CHECK(q.size(1) >= 1 && q.size(1) <= kMaxHeads, "mla_decode: q must have 1 to ", kMaxHeads,
-              " heads, but it has ", q.size(1), ".");
-  MLA_CHECK(q.stride(2) == 1, "mla_decode: q's last dim must be contiguous (stride 1), but its stride is ",
-              q.stride(2), ".");
-  MLA_CHECK(q.size(0) * q.size(1) <= kInt32Max, "mla_decode: q has ", q.size(0), " x ", q.size(1),
-              " query rows, more than the int32 limit of ", kInt32Max, ".");
+  check_q(q);
   p.total_q = static_cast<int32_t>(q.size(0));
   p.num_heads = static_cast<int32_t>(q.size(1));
   p.q = q.data_ptr();
@@ -321,9 +325,10 @@ MlaDecodeParams check_inputs(const DecodeInputs& in) {
   }
 
   // ---- scalars ----------------------------------------------------------------------------
-  MLA_CHECK(std::isfinite(in.sm_scale) && in.sm_scale != 0.0, "mla_decode: sm_scale must be finite and nonzero, "
-              "but it is ", in.sm_scale, ".");
+  // The kernels take it as a float: it must stay finite and nonzero there.
   p.sm_scale = static_cast<float>(in.sm_scale);
+  MLA_CHECK(std::isfinite(p.sm_scale) && p.sm_scale != 0.f, "mla_decode: sm_scale must be finite and nonzero in "
+            "float32, but it is ", in.sm_scale, ".");
   MLA_CHECK(in.num_splits >= 0 && in.num_splits <= kMaxNumSplits, "mla_decode: num_splits must be in [0, ",
               kMaxNumSplits, "] (0 = automatic), but it is ", in.num_splits, ".");
   return p;

@@ -57,7 +57,11 @@ MlaDecodeParams check_inputs(const DecodeInputs& in);
 // other or an input; fills p's output fields.
 void check_outputs(const DecodeInputs& in, const at::Tensor& out, const at::Tensor& lse, MlaDecodeParams& p);
 
-// Allocates (out, lse) of the right shape, dtype and device for `in.q`.
+// q's own checks (dtype, shape, strides, the int32 row limit).
+void check_q(const at::Tensor& q);
+
+// Allocates (out, lse) of the right shape, dtype and device for `in.q`,
+// after check_q (so a huge q is refused before anything is allocated).
 std::pair<at::Tensor, at::Tensor> allocate_outputs(const at::Tensor& q);
 
 // Reads index tensors (must be CPU tensors) and checks every value.
