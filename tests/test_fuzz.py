@@ -11,7 +11,7 @@ rounding budget, the same for all four), and a repeated call must be bitwise ide
 
 On a GPU the same examples run on every kernel that can run them (cases.kernel_variants).
 
-Size: MLA_DECODE_FUZZ_EXAMPLES examples per device (default 60, derandomized: the same
+Size: MLA_DECODE_FUZZ_EXAMPLES examples per device (default 120, derandomized: the same
 examples every run, well inside CI's 3 minutes); a longer, random run:
     MLA_DECODE_FUZZ_EXAMPLES=2000 python3 -m pytest -q tests/test_fuzz.py
 """
@@ -30,7 +30,7 @@ from hypothesis import strategies as st  # noqa: E402
 from mla_decode.reference import dequantize_cache, reference_decode  # noqa: E402
 
 EXAMPLES = int(os.environ.get("MLA_DECODE_FUZZ_EXAMPLES", "0")) or None
-FUZZ = settings(max_examples=EXAMPLES or 60, derandomize=EXAMPLES is None, deadline=None, database=None,
+FUZZ = settings(max_examples=EXAMPLES or 120, derandomize=EXAMPLES is None, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 FORMATS = ("bf16", "fp8", "fp8_fnuz", "mxfp4")
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

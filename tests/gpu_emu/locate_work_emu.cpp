@@ -27,6 +27,10 @@ struct EmuDim3 {
 static EmuDim3 blockIdx;
 #define __device__
 #define __forceinline__ inline
+template <typename T>
+inline T __ldg(const T* ptr) {
+  return *ptr;
+}
 using std::max;
 using std::min;
 
