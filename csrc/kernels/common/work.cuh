@@ -1,8 +1,8 @@
 // Which rows and keys one CTA (workgroup) of a split kernel works on, shared
-// by the mma.sync kernel (decode_kernel.cuh), the wgmma kernel
-// (sm90/decode_kernel_sm90.cuh) and the MFMA kernel (decode_kernel_mfma.cuh).
-// Grid: x = query token t * head_groups + head group, y = KV split
-// (decode_common.h states the contract).
+// by every split kernel: sm80/mma_sync_kernel.cuh, the Hopper kernels
+// (sm90/wide_kernel.cuh, narrow_kernel.cuh, narrow_register_v_kernel.cuh) and
+// cdna/mfma_kernel.cuh. Grid: x = query token t * head_groups + head group,
+// y = KV split (launch_contract.h states the contract).
 #pragma once
 
 #include "common/addressing.h"
