@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 import torch
 
 from . import _ops
 
 DEFAULT_SM_SCALE = 1.0 / math.sqrt(576)
+
+
+def _env_checked() -> bool:
+    """MLA_DECODE_CHECKED=1: the GPU operators check index values themselves (csrc/api/checked.h)."""
+    return os.environ.get("MLA_DECODE_CHECKED", "0").lower() in ("1", "true", "yes", "on")
 
 
 def _overrides_text(overrides) -> str:
@@ -44,6 +50,7 @@ def decode(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor, *,
            out: torch.Tensor | None = None,
            lse: torch.Tensor | None = None,
            return_lse: bool = False,
+           checked: bool = False,
            _overrides: dict | None = None):
     """Absorbed MLA decode attention over a latent KV cache.
 
@@ -80,22 +87,37 @@ def decode(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor, *,
       num_splits  KV splits per query row on the GPU (0 = automatic).
       out, lse    optional preallocated outputs: (total_q, H, 512) bfloat16 and
                   (total_q, H) float32.
+      checked     on a GPU, first check every index value on the host, as the CPU
+                  always does, and raise the CPU's error for a bad one (one host
+                  sync per call; not inside CUDA graph capture). MLA_DECODE_CHECKED=1
+                  does the same for every GPU call of a process, direct operator
+                  calls included. No effect on the CPU, which always checks.
       _overrides  test and A/B use only: force a plan, e.g. {"kernel": "wide"},
                   {"smem_limit": 101376}, {"cpu_path": "scalar"} (explain() shows
                   the plan a call runs; csrc/api/overrides.h lists the keys).
 
     Returns out, or (out, lse) when return_lse=True.
 
-    On the GPU nothing here synchronises with the host, so calls can be
-    captured in CUDA graphs; index tensors are not range-checked there (that
-    would need a sync): a token whose index points outside the cache yields
-    NaN rows instead of an out-of-bounds read. On the CPU every index is
-    checked and a bad one raises.
+    Bad shapes, dtypes, devices, strides and sizes raise everywhere, naming the
+    argument. Index values: on the CPU every one is checked and a bad one
+    raises. On the GPU nothing here synchronises with the host, so calls can
+    be captured in CUDA graphs, and index values are not checked (that would
+    need a sync) unless checked=True: the kernels never read out of bounds,
+    and an item whose index values are malformed (an indptr entry out of range
+    or out of order at or next to it, a negative kv_lens, more keys than its
+    block table holds) gives NaN rows, as do the rows that see a key whose row
+    is outside the cache.
     """
     if not _ops.native_available():
         raise RuntimeError(_ops.LOAD_ERROR)
     if sm_scale is None:
         sm_scale = DEFAULT_SM_SCALE
+    if checked and isinstance(q, torch.Tensor) and q.device.type not in ("cpu", "meta") and not _env_checked():
+        if q.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("mla_decode: checked=True copies the index tensors to the host, which CUDA graph "
+                               "capture forbids; pass checked=False to capture.")
+        torch.ops.mla_decode._check_index_values(q, kv_cache, kv_scale, qo_indptr, kv_indptr, kv_indices,
+                                                 block_table, kv_lens, page_size)
     if _overrides is not None:
         if out is None:
             out = q.new_empty((q.shape[0], q.shape[1], 512), dtype=torch.bfloat16)

@@ -1,10 +1,12 @@
 """Observable fallbacks.
 
 Every time the package takes a slower path than the one it meant to take,
-it calls report(): the first time for a given reason a RuntimeWarning is
-issued (with the reason, so it can be fixed), and with MLA_DECODE_STRICT=1
-the fallback raises instead, so a benchmark or CI run cannot silently
-measure the wrong thing.
+it calls report(): the first time for a given reason (the whole message:
+path, reason and the exception's type and text) a RuntimeWarning is issued,
+so it can be fixed, and with MLA_DECODE_STRICT=1 the fallback raises
+instead, so a benchmark or CI run cannot silently measure the wrong thing.
+Only platform reasons are reported here (no native library, no kernel for a
+device or format); bad input raises where it is found.
 """
 
 from __future__ import annotations
@@ -29,9 +31,8 @@ def report(path: str, reason: str, exc: BaseException | None = None) -> None:
         msg += f" ({type(exc).__name__}: {exc})"
     if strict():
         raise FallbackError(msg + " [MLA_DECODE_STRICT=1]") from exc
-    key = f"{path}|{reason}|{type(exc).__name__ if exc else ''}"
-    if key not in _seen:
-        _seen.add(key)
+    if msg not in _seen:
+        _seen.add(msg)
         warnings.warn(msg + " (set MLA_DECODE_STRICT=1 to make this an error)", RuntimeWarning, stacklevel=3)
 
 

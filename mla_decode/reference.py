@@ -69,12 +69,31 @@ def dequantize_cache(
     return out.reshape(-1, out.shape[-1])
 
 
-def _to_list(t) -> list:
+def _to_list(t, name: str = "index tensor") -> list:
     if t is None:
         return None
     if isinstance(t, torch.Tensor):
-        return [int(v) for v in t.detach().cpu().reshape(-1).tolist()]
+        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            raise ValueError(f"reference_decode: {name} must hold integers, but its dtype is {t.dtype}")
+        if t.dim() != 1:
+            raise ValueError(f"reference_decode: {name} must be 1-D, but it has shape {list(t.shape)}")
+        return [int(v) for v in t.detach().cpu().tolist()]
     return [int(v) for v in t]
+
+
+def _check_indptr(x: list, name: str, entries: int, bound: int, bound_what: str) -> None:
+    """x: batch + 1 non-decreasing entries in [0, bound]."""
+    if len(x) != entries:
+        raise ValueError(f"reference_decode: {name} must have {entries} entries (batch_size + 1, the batch size "
+                         f"being set by qo_indptr), but it has {len(x)}")
+    if x[0] < 0:
+        raise ValueError(f"reference_decode: {name}[0] must be >= 0, but it is {x[0]}")
+    for b in range(len(x) - 1):
+        if x[b + 1] < x[b]:
+            raise ValueError(f"reference_decode: {name} must be non-decreasing, but {name}[{b + 1}] = {x[b + 1]} < "
+                             f"{name}[{b}] = {x[b]}")
+    if x[-1] > bound:
+        raise ValueError(f"reference_decode: {name}[-1] = {x[-1]} exceeds {bound_what} ({bound})")
 
 
 def reference_decode(
@@ -106,34 +125,66 @@ def reference_decode(
     Item b with ``Q`` queries and ``L`` keys: query i sees keys ``j < L - Q + i + 1``
     (bottom-right causal; no mask when Q == 1).  Scores ``sm_scale * q.k``; natural-log LSE.
     A query that sees no key gets ``out = 0`` and ``lse = -inf``; query rows not owned by any
-    item are left the same way.
+    item (before ``qo_indptr[0]`` or from ``qo_indptr[-1]`` on) are left the same way.
+
+    Malformed addressing raises ValueError naming the argument, the expected and the actual
+    value: an indptr that decreases or leaves its range (q's rows; the cache's rows or
+    kv_indices' length), a row or page outside the cache, a kv_lens entry outside the table.
     """
     cdev = torch.device(compute_device)
-    if q.dim() != 3:
-        raise ValueError(f"q must be (total_q, H, D), got {tuple(q.shape)}")
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise ValueError(f"reference_decode: q must be a (total_q, H, D) tensor, but it is "
+                         f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
     total_q, H, D = q.shape
     kv = kv_rows.reshape(-1, kv_rows.shape[-1])
     if kv.shape[-1] != D:
-        raise ValueError(f"q dim {D} != kv dim {kv.shape[-1]}")
-    qo = _to_list(qo_indptr)
+        raise ValueError(f"reference_decode: q's last dim ({D}) and the cache's ({kv.shape[-1]}) must be equal")
+    rows_in_cache = kv.shape[0]
+    qo = _to_list(qo_indptr, "qo_indptr")
+    if len(qo) < 2:
+        raise ValueError(f"reference_decode: qo_indptr must have batch_size + 1 >= 2 entries, but it has {len(qo)}")
     B = len(qo) - 1
+    _check_indptr(qo, "qo_indptr", B + 1, total_q, "q's rows")
     paged = block_table is not None
     if paged:
         if kv_lens is None:
-            raise ValueError("paged addressing needs kv_lens")
-        lens = _to_list(kv_lens)
+            raise ValueError("reference_decode: paged addressing (block_table) needs kv_lens")
+        if not isinstance(page_size, int) or page_size < 1:
+            raise ValueError(f"reference_decode: page_size must be a positive int, but it is {page_size!r}")
+        lens = _to_list(kv_lens, "kv_lens")
         table = block_table.detach().to("cpu", torch.int64) if isinstance(block_table, torch.Tensor) \
             else torch.tensor(block_table, dtype=torch.int64)
+        if table.dim() != 2 or table.shape[0] != B or len(lens) != B:
+            raise ValueError(f"reference_decode: block_table must be (batch_size={B}, max_pages) and kv_lens "
+                             f"({B},), but they have shapes {list(table.shape)} and ({len(lens)},)")
+        pages_in_cache = rows_in_cache // page_size
+        for b, L in enumerate(lens):
+            if L < 0 or L > table.shape[1] * page_size:
+                raise ValueError(f"reference_decode: kv_lens[{b}] = {L} must be in [0, max_pages x page_size = "
+                                 f"{table.shape[1] * page_size}]")
+            used = table[b, :(L + page_size - 1) // page_size]
+            bad = ((used < 0) | (used >= pages_in_cache)).nonzero()
+            if bad.numel():
+                i = int(bad[0])
+                raise ValueError(f"reference_decode: block_table[{b}][{i}] = {int(used[i])} is not a page of the "
+                                 f"cache ({pages_in_cache} pages)")
     else:
         if kv_indptr is None:
-            raise ValueError("need kv_indptr or block_table")
-        kvp = _to_list(kv_indptr)
-        if len(kvp) != B + 1:
-            raise ValueError("qo_indptr and kv_indptr lengths differ")
+            raise ValueError("reference_decode: give kv_indptr or block_table")
+        kvp = _to_list(kv_indptr, "kv_indptr")
         idx_all = None
         if kv_indices is not None:
             idx_all = kv_indices.detach().to("cpu", torch.int64).reshape(-1) \
                 if isinstance(kv_indices, torch.Tensor) else torch.tensor(kv_indices, dtype=torch.int64)
+            _check_indptr(kvp, "kv_indptr", B + 1, idx_all.numel(), "the length of kv_indices")
+            used = idx_all[kvp[0]:kvp[-1]]
+            bad = ((used < 0) | (used >= rows_in_cache)).nonzero()
+            if bad.numel():
+                i = int(bad[0])
+                raise ValueError(f"reference_decode: kv_indices[{kvp[0] + i}] = {int(used[i])} is not a row of the "
+                                 f"cache ({rows_in_cache} rows)")
+        else:
+            _check_indptr(kvp, "kv_indptr", B + 1, rows_in_cache, "the cache's rows")
 
     out = torch.zeros((total_q, H, v_dim), dtype=torch.float64, device=cdev)
     lse = torch.full((total_q, H), -math.inf, dtype=torch.float64, device=cdev)
@@ -175,12 +226,28 @@ def reference_custom_kernel(data, kv_format: str = "bf16") -> torch.Tensor:
     Reads ``kv_data[kv_format]`` ("bf16" by default, or "fp8" / "mxfp4"), returns bf16
     ``(total_q, H, v_head_dim)`` on q's device.  Slow; a correctness fallback only.
     """
+    if not isinstance(data, (tuple, list)) or len(data) != 5:
+        raise ValueError("reference_custom_kernel: data must be (q, kv_data, qo_indptr, kv_indptr, config)")
     q, kv_data, qo_indptr, kv_indptr, config = data
+    if not isinstance(kv_data, dict) or kv_format not in kv_data:
+        keys = sorted(map(str, kv_data)) if isinstance(kv_data, dict) else type(kv_data).__name__
+        raise ValueError(f"reference_custom_kernel: kv_data has no {kv_format!r} entry (it holds {keys})")
+    if not isinstance(config, dict) or "sm_scale" not in config:
+        raise ValueError("reference_custom_kernel: config must be a dict with 'sm_scale'")
     entry = kv_data[kv_format]
-    if isinstance(entry, (tuple, list)):
-        kv_rows = dequantize_cache(entry[0], entry[1])
-    else:
+    if kv_format == "bf16":
         kv_rows = dequantize_cache(entry)
+    else:
+        if not isinstance(entry, (tuple, list)) or len(entry) != 2:
+            raise ValueError(f"reference_custom_kernel: kv_data[{kv_format!r}] must be a (cache, scale) pair")
+        kv_rows = dequantize_cache(entry[0], entry[1])
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise ValueError("reference_custom_kernel: q (data[0]) must be a (total_q, H, 576) tensor")
+    qo = _to_list(qo_indptr, "qo_indptr")
+    # As strict as the operator: every query row belongs to an item.
+    if not qo or qo[0] != 0 or qo[-1] != q.shape[0]:
+        raise ValueError(f"reference_custom_kernel: qo_indptr must run from 0 to q.size(0) = {q.shape[0]}, but it "
+                         f"runs from {qo[0] if qo else None} to {qo[-1] if qo else None}")
     out, _ = reference_decode(q, kv_rows, qo_indptr, float(config["sm_scale"]),
                               kv_indptr=kv_indptr, v_dim=int(config.get("v_head_dim", _V_DIM)))
     return out.to(torch.bfloat16).to(q.device)

@@ -7,7 +7,8 @@
 #             importable), then the H = 64 sweep (SWEEP_H64=0 skips it)
 #   sanitize  compute-sanitizer (each tool of $SANITIZE_TOOLS, default memcheck
 #             racecheck synccheck initcheck) on scripts/sanitize_cases.py, whose
-#             cases run on every split kernel that can run them
+#             cases run on every split kernel that can run them; then memcheck on
+#             the hostile-input suite's GPU cases (tests/hostile_runner.py)
 # GIT_COMMIT=<sha> labels the logs and the benchmark's output (the device's copy
 # of .git can be stale). TESTS_K="mxfp4" narrows the tests step (pytest -k),
 # SANITIZE_FORMATS="mxfp4" the sanitize step. A test that hangs is reported by
@@ -55,6 +56,14 @@ for step in $steps; do
         r=$?; [ $r -ne 0 ] && rc=1
         echo "compute-sanitizer $tool: rc=$r $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)"
         grep "^sanitize cases" "$OUT/sanitize_$tool.log" | tail -1
+      done
+      # The hostile-input suite's GPU cases (malformed calls: clear errors, or NaN rows for bad
+      # index values), default and checked mode, then the checked mode set by the environment.
+      for dev in cuda,cuda-checked cuda-env; do
+        timeout "$SANITIZE_S" compute-sanitizer --tool memcheck --error-exitcode 9 python3 tests/hostile_runner.py \
+          --device $dev --all --check > "$OUT/hostile_memcheck_${dev%%,*}.log" 2>&1
+        r=$?; [ $r -ne 0 ] && rc=1
+        echo "compute-sanitizer memcheck, hostile cases ($dev): rc=$r $(grep -E 'ERROR SUMMARY' "$OUT/hostile_memcheck_${dev%%,*}.log" | tail -1)"
       done ;;
     *) echo "gpu_check: unknown step '$step' (tests, bench, sanitize)"; rc=1 ;;
   esac

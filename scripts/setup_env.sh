@@ -36,6 +36,8 @@ if not version_at_least("setuptools", 64):
 for module, package in (("wheel", "wheel"), ("numpy", "numpy"), ("pytest", "pytest")):
     if importlib.util.find_spec(module) is None:
         need.append(package)
+if not version_at_least("hypothesis", 6):  # the differential fuzz tests (tests/test_fuzz.py)
+    need.append("hypothesis>=6.100")
 if shutil.which("ninja") is None:
     need.append("ninja")
 print(" ".join(need))

@@ -5,7 +5,7 @@ row asserts its message. Runs on every available device."""
 import pytest
 import torch
 
-import mla_decode  # noqa: F401
+import mla_decode
 from cases import SM_SCALE
 
 B, H = 3, 16
@@ -75,16 +75,23 @@ CASES = [
     ("qo_indptr dtype", lambda a: a.update(qo_indptr=a["qo_indptr"].long()), "qo_indptr must be int32, but it is Long"),
     ("qo_indptr too short", lambda a: a.update(qo_indptr=a["qo_indptr"][:1]), "qo_indptr must have batch_size + 1 >= 2"),
     ("kv_indptr length", lambda a: a.update(kv_indptr=a["kv_indptr"][:3]),
-     "kv_indptr must have 4 entries (batch_size + 1, the batch size being set by qo_indptr), but it has 3"),
+     "qo_indptr and kv_indptr must have the same length, batch_size + 1, but qo_indptr has 4 entries (batch_size 3) "
+     "and kv_indptr has 3 (batch_size 2)"),
+    ("qo_indptr one entry too long", lambda a: a.update(qo_indptr=torch.tensor([0, 1, 2, 3, 3], dtype=torch.int32,
+                                                                               device=a["q"].device)),
+     "qo_indptr and kv_indptr must have the same length, batch_size + 1, but qo_indptr has 5 entries (batch_size 4) "
+     "and kv_indptr has 4 (batch_size 3)"),
     ("kv_lens length", lambda a: (paged(a), a.update(kv_lens=a["kv_lens"][:2])),
-     "kv_lens must have 3 entries (batch_size, the batch size being set by qo_indptr), but it has 2"),
+     "kv_lens must have batch_size entries and qo_indptr batch_size + 1, but qo_indptr has 4 entries (batch_size 3) "
+     "and kv_lens has 2"),
     ("kv_indptr dtype", lambda a: a.update(kv_indptr=a["kv_indptr"].long()), "kv_indptr must be int32"),
     ("no addressing", lambda a: a.update(kv_indptr=None), "neither kv_indptr nor block_table was given"),
     ("indices dtype", lambda a: a.update(kv_indices=torch.arange(30, device=a["q"].device)),
      "kv_indices must be int32, but it is Long"),
     ("page size with indptr", lambda a: a.update(page_size=16), "page_size must be 1 with kv_indptr"),
     ("table without lens", lambda a: paged(a, lens=False), "block_table was given without kv_lens"),
-    ("table rows", lambda a: paged(a, table_rows=2), "block_table must have shape (batch_size=3, max_pages)"),
+    ("table rows", lambda a: paged(a, table_rows=2),
+     "block_table must have one row per item, batch_size = 3 (qo_indptr has 4 entries), but it has shape [2, 2]"),
     ("page dim mismatch", lambda a: paged(a, page_size=4), "kv_cache's dim 1 is the page size (4), but it is 8"),
     ("table and indptr", lambda a: (paged(a), a.update(kv_indptr=torch.zeros(4, dtype=torch.int32,
                                                                              device=a["q"].device))),
@@ -156,3 +163,119 @@ def test_query_rows_beyond_int32_are_refused(device):
     with pytest.raises(RuntimeError, match="more than the int32 limit"):
         torch.ops.mla_decode.decode_out(q, a["kv_cache"], None, a["qo_indptr"], a["kv_indptr"], None, None, None,
                                         1, SM_SCALE, 0, out, lse)
+
+
+# ---- the checked mode's operator, the fake kernels, autograd ------------------------------------
+
+def _check_op(a):
+    return torch.ops.mla_decode._check_index_values(a["q"], a["kv_cache"], a["kv_scale"], a["qo_indptr"],
+                                                    a["kv_indptr"], a["kv_indices"], a["block_table"],
+                                                    a["kv_lens"], a["page_size"])
+
+
+@pytest.mark.parametrize("name,mutate,message", VALUE_CASES, ids=[c[0] for c in VALUE_CASES])
+def test_check_index_values_op_gives_the_cpu_message(device, name, mutate, message):
+    """_check_index_values (decode(checked=True) on a GPU) raises what the CPU's decode raises, on
+    any device: a GPU's index tensors are copied to the host for it."""
+    a = good("cpu")
+    mutate(a)
+    a = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in a.items()}
+    with pytest.raises(RuntimeError) as info:
+        _check_op(a)
+    assert message in str(info.value), f"{name}: got {info.value}"
+
+
+def test_check_index_values_op_accepts_good_values(device):
+    assert _check_op(good(device)) is None
+    a = good(device)
+    paged(a)
+    assert _check_op(a) is None
+
+
+def test_checked_decode_runs_on_good_input(device):
+    a = good(device)
+    out = mla_decode.decode(a["q"], a["kv_cache"], a["qo_indptr"], kv_indptr=a["kv_indptr"], checked=True)
+    ref = mla_decode.decode(a["q"], a["kv_cache"], a["qo_indptr"], kv_indptr=a["kv_indptr"])
+    assert torch.equal(out, ref)
+
+
+def test_the_check_is_not_dead_code_to_graph_passes():
+    """It returns nothing and writes nothing, so torch.compile would drop it unless marked."""
+    node = torch.fx.node
+    if not hasattr(node, "_side_effectful_functions"):
+        pytest.skip("this torch has no side-effect registry")
+    assert torch.ops.mla_decode._check_index_values.default in node._side_effectful_functions
+
+
+def test_check_index_values_opcheck():
+    a = good("cpu")
+    torch.library.opcheck(torch.ops.mla_decode._check_index_values.default,
+                          (a["q"], a["kv_cache"], None, a["qo_indptr"], a["kv_indptr"], None, None, None, 1),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_fake_kernel_refuses_what_the_real_one_refuses():
+    """Every shape case of this module, on meta tensors: the same message as on the CPU."""
+    for name, mutate, message in CASES:
+        if name == "device mismatch":
+            continue
+        a = good("cpu")
+        mutate(a)
+        a = {k: (torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+                 if isinstance(v, torch.Tensor) else v) for k, v in a.items()}
+        with pytest.raises(RuntimeError) as info:
+            call(a)
+        assert message in str(info.value), f"{name}: got {info.value}"
+
+
+def test_a_meta_tensor_among_cpu_tensors_is_refused():
+    a = good("cpu")
+    a["kv_cache"] = a["kv_cache"].to("meta")
+    with pytest.raises(RuntimeError, match=r"kv_cache must be on the same device as q \(cpu\), but it is on meta"):
+        call(a)
+    a = good("cpu")
+    out = torch.empty(B, H, 512, dtype=torch.bfloat16, device="meta")
+    lse = torch.empty(B, H, dtype=torch.float32, device="meta")
+    with pytest.raises(RuntimeError, match=r"out must be on the same device as q \(cpu\), but it is on meta"):
+        torch.ops.mla_decode.decode_out(*[a[k] for k in ("q", "kv_cache", "kv_scale", "qo_indptr", "kv_indptr",
+                                                         "kv_indices", "block_table", "kv_lens", "page_size",
+                                                         "sm_scale", "num_splits")], out, lse)
+
+
+def test_backward_raises_a_clear_error(device):
+    a = good(device)
+    q = a["q"].float().requires_grad_()
+    out, lse = torch.ops.mla_decode.decode(q.bfloat16(), a["kv_cache"], None, a["qo_indptr"], a["kv_indptr"], None,
+                                           None, None, 1, SM_SCALE, 0)
+    assert out.requires_grad and lse.requires_grad
+    with pytest.raises(RuntimeError, match="mla_decode.decode is not differentiable"):
+        out.float().sum().backward()
+    with torch.no_grad():
+        out, _ = torch.ops.mla_decode.decode(q.bfloat16(), a["kv_cache"], None, a["qo_indptr"], a["kv_indptr"], None,
+                                             None, None, 1, SM_SCALE, 0)
+    assert not out.requires_grad
+
+
+def test_decode_out_refuses_inputs_that_require_grad(device):
+    a = good(device)
+    out = torch.empty(B, H, 512, dtype=torch.bfloat16, device=device)
+    lse = torch.empty(B, H, dtype=torch.float32, device=device)
+    q = a["q"].float().requires_grad_().bfloat16()
+    with pytest.raises(RuntimeError, match="mla_decode.decode_out is not differentiable, but q requires grad"):
+        torch.ops.mla_decode.decode_out(q, a["kv_cache"], None, a["qo_indptr"], a["kv_indptr"], None, None, None, 1,
+                                        SM_SCALE, 0, out, lse)
+    version = out._version
+    torch.ops.mla_decode.decode_out(a["q"], a["kv_cache"], None, a["qo_indptr"], a["kv_indptr"], None, None, None, 1,
+                                    SM_SCALE, 0, out, lse)
+    assert out._version > version  # the write is visible to autograd's version counter
+
+
+def test_issue_findings_are_hostile_cases():
+    """Each finding of the hostile-input review has its case in tests/hostile_cases.py."""
+    from hostile_cases import by_id
+    table = by_id()
+    for case_id in ("block table page count past int32", "device kv_cache", "device out",
+                    "paged (pages, 1, 1, 576) padded rows", "out overlaps itself", "backward through decode",
+                    "qo_indptr decreasing", "kv_indptr decreasing", "qo_indptr past q", "kv_lens negative",
+                    "device q", "qo_indptr one entry too long"):
+        assert case_id in table, case_id

@@ -55,3 +55,9 @@ std::string message(const Args&... args) {
 }  // namespace mla_decode
 
 #define MLA_CHECK(cond, ...) TORCH_CHECK((cond), ::mla_decode::detail::message(__VA_ARGS__))
+
+// A platform limit rather than bad input (this build or device has no kernel
+// for the call): raises NotImplementedError, on which mla_decode.custom_kernel
+// takes its next path. Every other check raises RuntimeError.
+#define MLA_CHECK_SUPPORTED(cond, ...) \
+  TORCH_CHECK_NOT_IMPLEMENTED((cond), ::mla_decode::detail::message(__VA_ARGS__))

@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "api/check.h"
+#include "api/checked.h"
 #include "api/overrides.h"
 #include "api/validation.h"
 #include "common/portability.h"
@@ -67,8 +68,17 @@ const plan::DeviceFacts& device_facts(int device) {
 // `overrides`: empty for the public operators; the private one's string
 // (overrides.h), whose device facts replace the device's own.
 void run_decode(const DecodeInputs& in, const at::Tensor& out, const at::Tensor& lse, const std::string& overrides) {
+  check_devices(in, &out, &lse);  // before the guard, which a CPU q would fail without naming it
   const c10::cuda::CUDAGuard device_guard(in.q.device());
   const MlaDecodeParams p = check_and_make_params(in, out, lse);
+  if (checked_mode_from_env()) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    MLA_CHECK(cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(), &capture) == cudaSuccess &&
+                  capture == cudaStreamCaptureStatusNone,
+              "mla_decode: MLA_DECODE_CHECKED=1 copies the index tensors to the host at every call, which CUDA graph "
+              "capture forbids; unset it to capture.");
+    check_index_values_on_host(in, p);
+  }
   const plan::DeviceFacts& own = device_facts(in.q.device().index());
   plan::Overrides po;
   plan::DeviceFacts facts = own;
@@ -81,7 +91,7 @@ void run_decode(const DecodeInputs& in, const at::Tensor& out, const at::Tensor&
   const plan::Plan plan = plan::make_plan(p, facts, po);
   MLA_CHECK(plan.error == nullptr, "mla_decode: the overrides force the ", plan::kernel_name(plan.kernel),
             " kernel, which cannot run this call on ", in.q.device(), ": ", plan.error ? plan.error : "", ".");
-  MLA_CHECK(plan.smem_bytes <= plan.smem_limit, "mla_decode: the ", format_name(p.format), " ",
+  MLA_CHECK_SUPPORTED(plan.smem_bytes <= plan.smem_limit, "mla_decode: the ", format_name(p.format), " ",
             plan::kernel_name(plan.kernel), " kernel needs ", plan.smem_bytes, " bytes of shared memory per block, "
             "but ", in.q.device(), " allows ", plan.smem_limit, po.smem_limit > 0 ? " (the smem_limit override)" : "",
             "; no built variant of this kernel fits it.");
@@ -90,6 +100,10 @@ void run_decode(const DecodeInputs& in, const at::Tensor& out, const at::Tensor&
   if (ws_bytes > 0) workspace = at::empty({static_cast<int64_t>(ws_bytes)}, in.q.options().dtype(at::kByte));
   const cudaError_t err = cuda::launch_decode(p, plan, ws_bytes > 0 ? workspace.data_ptr() : nullptr,
                                               c10::cuda::getCurrentCUDAStream());
+  // No kernel image for this device: a platform limit (NotImplementedError), not bad input.
+  MLA_CHECK_SUPPORTED(err != cudaErrorNoKernelImageForDevice && err != cudaErrorInvalidDeviceFunction, "mla_decode: "
+                      "this build has no ", plan::kernel_name(plan.kernel), " kernel for ", in.q.device(), ": ",
+                      cudaGetErrorString(err), " (format ", format_name(p.format), ").");
   MLA_CHECK(err == cudaSuccess, "mla_decode: the ", plan::kernel_name(plan.kernel), " decode kernel failed to "
             "launch on ", in.q.device(), ": ", cudaGetErrorString(err), " (format ", format_name(p.format), ", ",
             p.total_q, " query tokens, ", p.num_heads, " heads, ", plan.num_splits, " splits).");
@@ -120,9 +134,10 @@ std::string explain_cuda(const at::Tensor& q, const at::Tensor& kv_cache, const 
                          const c10::optional<at::Tensor>& kv_indices, const c10::optional<at::Tensor>& block_table,
                          const c10::optional<at::Tensor>& kv_lens, int64_t page_size, double sm_scale,
                          int64_t num_splits, c10::string_view overrides) {
-  const c10::cuda::CUDAGuard device_guard(q.device());
   const DecodeInputs in{q, kv_cache, kv_scale, qo_indptr, kv_indptr, kv_indices, block_table, kv_lens,
                         page_size, sm_scale, num_splits};
+  check_devices(in, nullptr, nullptr);
+  const c10::cuda::CUDAGuard device_guard(q.device());
   const std::string text(overrides);
   ParsedOverrides ov = parse_overrides(text);
   auto [out, lse] = allocate_outputs(q);

@@ -37,6 +37,10 @@
 // _decode_out_with(...decode_out's arguments..., overrides) is decode_out with
 // explicit plan overrides (api/overrides.h): tests and A/B runs force kernels
 // through it, in-process.
+//
+// _check_index_values(q, kv_cache, kv_scale, qo_indptr, kv_indptr, kv_indices,
+// block_table, kv_lens, page_size) checks decode's arguments and every index
+// value, on the host (one host sync on a GPU): decode(..., checked=True).
 #include <torch/library.h>
 
 #include <string>
@@ -77,8 +81,11 @@ TORCH_LIBRARY(mla_decode, m) {
       "Tensor? kv_indptr, Tensor? kv_indices, Tensor? block_table, Tensor? kv_lens, "
       "int page_size, float sm_scale, int num_splits=0, str overrides=\"\") -> str");
   // The benchmark's streaming floor (CUDA only): reads every byte of `data`
-  // once and XORs them into `sink` (kernels/common/stream_read.cu).
+  // once and XORs them into `sink` (kernels/bench/stream_read.cu).
   m.def("_stream_read(Tensor data, Tensor(a!) sink) -> ()");
+  m.def(
+      "_check_index_values(Tensor q, Tensor kv_cache, Tensor? kv_scale, Tensor qo_indptr, Tensor? kv_indptr, "
+      "Tensor? kv_indices, Tensor? block_table, Tensor? kv_lens, int page_size) -> ()");
   // Build information, for mla_decode.info(): "cpu", "cpu,cuda", "cpu,hip".
   m.def("backends() -> str", &mla_decode::compiled_backends);
 }
