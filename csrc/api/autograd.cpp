@@ -15,8 +15,11 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
+#include <memory>
 #include <string>
 #include <tuple>
+#include <type_traits>
+#include <utility>
 
 #include "api/check.h"
 
@@ -34,6 +37,26 @@ const char* grad_argument(const at::Tensor& q, const at::Tensor& kv_cache, const
   if (requires_grad(kv_scale)) return "kv_scale";
   return nullptr;
 }
+
+// A new autograd node held the way this torch's graph edges hold nodes
+// (std::shared_ptr in some releases, c10::intrusive_ptr in later ones).
+template <typename Ptr>
+struct NodeMaker;
+template <typename T>
+struct NodeMaker<std::shared_ptr<T>> {
+  template <typename N, typename... Args>
+  static std::shared_ptr<N> make(Args&&... args) {
+    return std::make_shared<N>(std::forward<Args>(args)...);
+  }
+};
+template <typename T>
+struct NodeMaker<c10::intrusive_ptr<T>> {
+  template <typename N, typename... Args>
+  static c10::intrusive_ptr<N> make(Args&&... args) {
+    return c10::make_intrusive<N>(std::forward<Args>(args)...);
+  }
+};
+using NodePtr = std::decay_t<decltype(std::declval<torch::autograd::Edge>().function)>;
 
 constexpr const char* kNoBackward =
     "mla_decode.decode is not differentiable: it is an inference kernel with no backward. Call it under "
@@ -59,7 +82,7 @@ std::tuple<at::Tensor, at::Tensor> decode_autograd(const at::Tensor& q, const at
                      sm_scale, num_splits);
   }
   if (grad) {
-    auto node = c10::make_intrusive<torch::autograd::Error>(
+    auto node = NodeMaker<NodePtr>::make<torch::autograd::Error>(
         kNoBackward, torch::autograd::collect_next_edges(q, kv_cache, kv_scale));
     torch::autograd::set_history(std::get<0>(result), node);
     torch::autograd::set_history(std::get<1>(result), node);
