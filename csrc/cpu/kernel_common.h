@@ -1,0 +1,66 @@
+// The contract between the CPU kernel's driver (decode_cpu.cpp: work split,
+// threads, split merge, output) and its paths (one function per path that
+// computes one piece of work).
+//
+// A group is up to 16 heads of one query token: its rows share one visible
+// key count. A piece is a run of keys [key_begin, key_end) of one item seen
+// by a set of consecutive groups of that item; a path decodes each tile of
+// those keys once and runs every group of the set on it. For each group a
+// piece leaves the unnormalised softmax state of its 16 rows:
+//     m[r]        running max of the logits (natural-log units)
+//     l[r]        sum_j exp(s_j - m[r])
+//     O[r][0:512] sum_j exp(s_j - m[r]) * V_j / o_scale
+// where `o_scale` (PieceArgs) is the factor the driver applies to O when it
+// normalises (the fp8 tensor scale for the vector paths, which work on the
+// unscaled codes; 1 for the scalar path). A group that sees no key of the
+// piece gets m = -inf, l = 0, O = 0. Rows beyond a group's nh hold values
+// that the driver ignores.
+#pragma once
+
+#include <stdint.h>
+
+#include "common/params.h"
+
+namespace mla_decode {
+namespace cpu {
+
+constexpr int kGroupRows = 16;          // heads per group (one AMX tile of rows)
+constexpr int kMaxGroupsPerPiece = 8;   // 128 rows: all heads of one token at H = 128
+constexpr int kPieceKeyAlign = 64;      // piece boundaries are multiples of this (every path's tile)
+constexpr int kOFloats = kGroupRows * kHeadDimV;  // one group's accumulator
+
+struct GroupDesc {
+  int32_t q_row;    // row of q / out (qo_indptr[b] + token)
+  int32_t h0, nh;   // heads h0 .. h0 + nh - 1 (nh <= 16)
+  int32_t visible;  // keys of the item this token sees (bottom-right causal)
+};
+
+struct PieceArgs {
+  const MlaDecodeParams* p;
+  int32_t b;                 // batch item
+  const GroupDesc* groups;   // ng groups, 1 <= ng <= kMaxGroupsPerPiece, visible non-decreasing
+  int32_t ng;
+  int32_t key_begin, key_end;  // keys of this piece (each group stops at its own visible count)
+  float* O;                  // ng x 16 x 512, 64-byte aligned
+  float* m;                  // ng x 16
+  float* l;                  // ng x 16
+};
+
+// Scale factors of a call, set by the driver from the format.
+struct CallScales {
+  float qk;       // logit = qk * dot(q, stored values)   (vector paths: sm_scale * fp8 scale)
+  float o_scale;  // out = o_scale * O / l
+};
+
+// The paths. Each runs on the calling thread and must only be called where
+// cpu_features() (and, for AMX, amx_permission()) allow it.
+void piece_scalar(const PieceArgs& a, const CallScales& s);
+void piece_avx2(const PieceArgs& a, const CallScales& s);
+void piece_avx512(const PieceArgs& a, const CallScales& s);
+void piece_amx(const PieceArgs& a, const CallScales& s);
+
+// Whether the vector paths were compiled into this build (x86-64, GCC or clang).
+bool vector_paths_built();
+
+}  // namespace cpu
+}  // namespace mla_decode
