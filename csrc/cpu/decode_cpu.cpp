@@ -189,7 +189,7 @@ void store_group(const MlaDecodeParams& p, const GroupDesc& gd, const float* O, 
       continue;
     }
     const float f = o_scale / l[h];
-    const float* a = O + h * kHeadDimV;
+    const float* a = O + h * cpu::kORow;
     for (int d = 0; d < kHeadDimV; ++d) o[d] = c10::BFloat16(a[d] * f).x;
     *lse = m[h] + std::log(l[h]);
   }
@@ -255,7 +255,7 @@ void run_plan(const MlaDecodeParams& p, const Plan& plan, CpuPath path, bool ser
             mx = std::max(mx, mc[g * kGroupRows + h]);
           }
           float lsum = 0.f;
-          float* o = O + h * kHeadDimV;
+          float* o = O + h * cpu::kORow;
           std::fill(o, o + kHeadDimV, 0.f);
           for (int32_t c = 0; c < s.pieces; ++c) {
             const float* base = partial + s.record_offset + c * piece_floats;
@@ -264,7 +264,7 @@ void run_plan(const MlaDecodeParams& p, const Plan& plan, CpuPath path, bool ser
             if (m_c == kNegInf && !std::isnan(l_c)) continue;  // the piece saw no key of this row
             const float w = std::exp(m_c - mx);
             lsum += l_c * w;
-            const float* oc = base + static_cast<int64_t>(g) * kOFloats + h * kHeadDimV;
+            const float* oc = base + static_cast<int64_t>(g) * kOFloats + h * cpu::kORow;
             for (int d = 0; d < kHeadDimV; ++d) o[d] += w * oc[d];
           }
           m[h] = mx;

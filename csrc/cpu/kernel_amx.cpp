@@ -89,8 +89,8 @@ struct AmxMm {
 
   MLA_TARGET_AMX static void pv(Scratch& sc, float* O, int nk, int /*nh*/) {
     constexpr int kPaStride = kTileKeys / 2 * 4;  // bytes between rows of Pa
-    constexpr int kVvStride = kHeadDimV * 4;      // bytes between key pairs of Vv
-    constexpr int kOStride = kHeadDimV * 4;
+    constexpr int kVvStride = kVvRow * 4;  // bytes between key pairs of Vv
+    constexpr int kOStride = kORow * 4;
     const uint32_t* vv = sc.vv;
     _tile_loadd(4, sc.pa, kPaStride);
     if (nk > 32) {
@@ -101,9 +101,9 @@ struct AmxMm {
         _tile_loadd(2, vv + 16 * n, kVvStride);
         _tile_loadd(3, vv + 16 * (n + 1), kVvStride);
         _tile_dpbf16ps(0, 4, 2);
-        _tile_loadd(6, vv + 16 * kHeadDimV + 16 * n, kVvStride);
+        _tile_loadd(6, vv + 16 * kVvRow + 16 * n, kVvStride);
         _tile_dpbf16ps(1, 4, 3);
-        _tile_loadd(7, vv + 16 * kHeadDimV + 16 * (n + 1), kVvStride);
+        _tile_loadd(7, vv + 16 * kVvRow + 16 * (n + 1), kVvStride);
         _tile_dpbf16ps(0, 5, 6);
         _tile_dpbf16ps(1, 5, 7);
         _tile_stored(0, O + 16 * n, kOStride);

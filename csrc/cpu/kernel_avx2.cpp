@@ -178,7 +178,7 @@ MLA_TARGET_AVX2 static void softmax(int nk, float logit_scale_log2, float* s, fl
       for (int r = 0; r < 8; ++r) {
         if (!((move_bits >> r) & 1)) continue;
         const __m256 ar = _mm256_set1_ps(al[r]);
-        float* o = O + (8 * half + r) * kHeadDimV;
+        float* o = O + (8 * half + r) * kORow;
         for (int d = 0; d < kHeadDimV; d += 8) _mm256_store_ps(o + d, _mm256_mul_ps(_mm256_load_ps(o + d), ar));
       }
       m = m_new;
@@ -200,8 +200,8 @@ MLA_TARGET_AVX2 static void pv(const float* pk, const float* kf, int nk, int nh,
       __m256 acc[4][2];
 #pragma GCC unroll 4
       for (int r = 0; r < 4; ++r) {
-        acc[r][0] = _mm256_load_ps(O + (r0 + r) * kHeadDimV + d0);
-        acc[r][1] = _mm256_load_ps(O + (r0 + r) * kHeadDimV + d0 + 8);
+        acc[r][0] = _mm256_load_ps(O + (r0 + r) * kORow + d0);
+        acc[r][1] = _mm256_load_ps(O + (r0 + r) * kORow + d0 + 8);
       }
       for (int k = 0; k < nk; ++k) {
         const __m256 v0 = _mm256_load_ps(kf + k * kHeadDimQK + d0), v1 = _mm256_load_ps(kf + k * kHeadDimQK + d0 + 8);
@@ -214,8 +214,8 @@ MLA_TARGET_AVX2 static void pv(const float* pk, const float* kf, int nk, int nh,
       }
 #pragma GCC unroll 4
       for (int r = 0; r < 4; ++r) {
-        _mm256_store_ps(O + (r0 + r) * kHeadDimV + d0, acc[r][0]);
-        _mm256_store_ps(O + (r0 + r) * kHeadDimV + d0 + 8, acc[r][1]);
+        _mm256_store_ps(O + (r0 + r) * kORow + d0, acc[r][0]);
+        _mm256_store_ps(O + (r0 + r) * kORow + d0 + 8, acc[r][1]);
       }
     }
   }

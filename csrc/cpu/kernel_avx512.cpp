@@ -9,6 +9,7 @@
 #include "cpu/kernel_common.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cstdio>
 #include <new>
 
 #include "cpu/vec_avx512.h"
@@ -31,7 +32,7 @@ struct Avx512Mm {
       for (int k = 0; k < 16; ++k) acc[k] = _mm512_setzero_ps();
       const uint32_t* kb = sc.kb + k0 * kRowDwords;
       for (int i = 0; i < kRowDwords; ++i) {
-        const __m512bh q = reinterpret_cast<__m512bh>(_mm512_load_si512(qt + (i >> 4) * 256 + (i & 15) * 16));
+        const __m512bh q = reinterpret_cast<__m512bh>(_mm512_load_si512(qt + 16 * i));
 #pragma GCC unroll 16
         for (int k = 0; k < 16; ++k) {
           const __m512bh kk = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(kb[k * kRowDwords + i])));
@@ -52,10 +53,10 @@ struct Avx512Mm {
 #pragma GCC unroll 4
         for (int r = 0; r < 4; ++r) {
 #pragma GCC unroll 4
-          for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_load_ps(O + (r0 + r) * kHeadDimV + d0 + 16 * c);
+          for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_load_ps(O + (r0 + r) * kORow + d0 + 16 * c);
         }
         for (int i = 0; i < pairs; ++i) {
-          const uint32_t* vrow = sc.vv + i * kHeadDimV + d0;
+          const uint32_t* vrow = sc.vv + i * kVvRow + d0;
           __m512bh v[4];
 #pragma GCC unroll 4
           for (int c = 0; c < 4; ++c) v[c] = reinterpret_cast<__m512bh>(_mm512_load_si512(vrow + 16 * c));
@@ -69,12 +70,25 @@ struct Avx512Mm {
 #pragma GCC unroll 4
         for (int r = 0; r < 4; ++r) {
 #pragma GCC unroll 4
-          for (int c = 0; c < 4; ++c) _mm512_store_ps(O + (r0 + r) * kHeadDimV + d0 + 16 * c, acc[r][c]);
+          for (int c = 0; c < 4; ++c) _mm512_store_ps(O + (r0 + r) * kORow + d0 + 16 * c, acc[r][c]);
         }
       }
     }
   }
 };
+
+#ifdef MLA_CPU_PROFILE
+struct ProfilePrinter {
+  ~ProfilePrinter() {
+    static const char* names[] = {"decode", "qk", "softmax", "transpose", "pv"};
+    for (int amx = 0; amx < 2; ++amx) {
+      fprintf(stderr, "mla_decode profile %s:", amx ? "amx" : "avx512");
+      for (int ph = 0; ph < kPhases; ++ph) fprintf(stderr, " %s %.3e", names[ph], double(g_phase_ticks[amx][ph]));
+      fprintf(stderr, "\n");
+    }
+  }
+} g_profile_printer;
+#endif
 
 }  // namespace
 

@@ -9,7 +9,7 @@
 // piece leaves the unnormalised softmax state of its 16 rows:
 //     m[r]        running max of the logits (natural-log units)
 //     l[r]        sum_j exp(s_j - m[r])
-//     O[r][0:512] sum_j exp(s_j - m[r]) * V_j / o_scale
+//     O[r][0:512] sum_j exp(s_j - m[r]) * V_j / o_scale   (rows kORow floats apart)
 // where `o_scale` (PieceArgs) is the factor the driver applies to O when it
 // normalises (the fp8 tensor scale for the vector paths, which work on the
 // unscaled codes; 1 for the scalar path). A group that sees no key of the
@@ -27,7 +27,10 @@ namespace cpu {
 constexpr int kGroupRows = 16;          // heads per group (one AMX tile of rows)
 constexpr int kMaxGroupsPerPiece = 8;   // 128 rows: all heads of one token at H = 128
 constexpr int kPieceKeyAlign = 64;      // piece boundaries are multiples of this (every path's tile)
-constexpr int kOFloats = kGroupRows * kHeadDimV;  // one group's accumulator
+// Floats between rows of O: 512 plus one cache line, because rows 2048 bytes
+// apart map to the same two L1 sets and a 16-row tile of them thrashes.
+constexpr int kORow = kHeadDimV + 16;
+constexpr int kOFloats = kGroupRows * kORow;  // one group's accumulator
 
 struct GroupDesc {
   int32_t q_row;    // row of q / out (qo_indptr[b] + token)
@@ -41,7 +44,7 @@ struct PieceArgs {
   const GroupDesc* groups;   // ng groups, 1 <= ng <= kMaxGroupsPerPiece, visible non-decreasing
   int32_t ng;
   int32_t key_begin, key_end;  // keys of this piece (each group stops at its own visible count)
-  float* O;                  // ng x 16 x 512, 64-byte aligned
+  float* O;                  // ng x 16 x kORow, 64-byte aligned
   float* m;                  // ng x 16
   float* l;                  // ng x 16
 };

@@ -130,7 +130,7 @@ void piece_scalar(const PieceArgs& a, const CallScales& s) {
           block_max = std::max(block_max, score[k]);  // a NaN score is skipped here, and poisons l below
         }
         const float m_new = std::max(a.m[r], block_max);
-        float* acc = a.O + static_cast<int64_t>(r) * kHeadDimV;
+        float* acc = a.O + static_cast<int64_t>(r) * kORow;
         if (m_new > a.m[r]) {
           const float alpha = std::exp(a.m[r] - m_new);  // exp(-inf) = 0 on the first block
           a.l[r] *= alpha;

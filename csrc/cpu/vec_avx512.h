@@ -10,7 +10,7 @@
 //   Kb   each tile: its keys decoded in registers to bf16 (exact: every fp8
 //        and E2M1 value is a bf16 value; the E8M0 scale is an exponent add),
 //        row-major [key][576]: the AMX QK A operand, the AVX-512 broadcasts.
-//   Vv   the same registers, keys interleaved in pairs: [pair i][d < 512]
+//   Vv   the same registers, keys interleaved in pairs: [pair i][d < 512 (+16 pad)]
 //        dwords (V[2i][d], V[2i+1][d]): the AMX PV B operand ("VNNI" layout)
 //        and the vectors of the AVX-512 PV.
 //   S    per group: logits transposed, [key][16 rows] fp32 (what an AMX tile
@@ -18,7 +18,7 @@
 //   P    per group: exp2 of the logits in fp32, summed into l in fp32, then
 //        bf16 pairs of keys: Yt [pair i][row r] (AVX-512 PV broadcasts),
 //        transposed to Pa [row r][pair i] for AMX (the PV A operand).
-//   O    per group: [16 rows][512] fp32, accumulated over the piece.
+//   O    per group: [16 rows][512 (+16 pad)] fp32, accumulated over the piece.
 // Softmax is online in the log2 domain with a lazy rescale: a row's reference
 // max moves only when a tile's max exceeds it by more than kLazyRescale (2^8),
 // so probabilities stay <= 256 and O is rescaled rarely (exact all the same:
@@ -48,10 +48,28 @@ namespace mla_decode {
 namespace cpu {
 namespace vec {
 
+// MLA_CPU_PROFILE (a measurement build only, e.g. CFLAGS=-DMLA_CPU_PROFILE):
+// time-stamp-counter totals per phase of run_piece, printed at exit.
+#ifdef MLA_CPU_PROFILE
+enum Phase { kDecode, kQk, kSoftmax, kTranspose, kPv, kPhases };
+inline uint64_t g_phase_ticks[2][kPhases];  // [AMX?][phase]; racy sums, good enough for a profile
+#define MLA_PROFILE_START() uint64_t mla_t0_ = __rdtsc()
+#define MLA_PROFILE_LAP(amx, phase)                                   \
+  do {                                                                \
+    const uint64_t t1_ = __rdtsc();                                   \
+    g_phase_ticks[amx][phase] += t1_ - mla_t0_;                       \
+    mla_t0_ = t1_;                                                    \
+  } while (0)
+#else
+#define MLA_PROFILE_START() (void)0
+#define MLA_PROFILE_LAP(amx, phase) (void)0
+#endif
+
 constexpr int kTileKeys = 64;
 constexpr int kChunks = kHeadDimQK / 32;         // 18 chunks of 32 dims (one MX block each)
 constexpr int kRowDwords = kHeadDimQK / 2;       // 288 bf16 pairs per key row
 constexpr int kQtDwords = kChunks * 16 * 16;     // one group's Qt
+constexpr int kVvRow = kHeadDimV + 16;           // dwords between key pairs of Vv (padded as kORow)
 constexpr float kLazyRescale = 8.f;              // log2 units
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -60,7 +78,7 @@ constexpr float kLn2 = 0.6931471805599453f;
 struct alignas(64) Scratch {
   uint32_t qt[kMaxGroupsPerPiece * kQtDwords];
   uint32_t kb[kTileKeys * kRowDwords];
-  uint32_t vv[kTileKeys / 2 * kHeadDimV];
+  uint32_t vv[kTileKeys / 2 * kVvRow];
   float s[kTileKeys * 16];
   uint32_t yt[kTileKeys / 2 * 16];
   uint32_t pa[16 * kTileKeys / 2];
@@ -193,7 +211,7 @@ MLA_TARGET_AVX512 static inline void decode_tile(const MlaDecodeParams& p, int32
     const uint8_t* p1 = kv + r1 * p.kv_row_stride_bytes;
     uint32_t* k0 = sc.kb + j * kRowDwords;
     uint32_t* k1 = k0 + kRowDwords;
-    uint32_t* vrow = sc.vv + i * kHeadDimV;
+    uint32_t* vrow = sc.vv + i * kVvRow;
     for (int c = 0; c < kChunks; ++c) {
       const __m512i a = decode_chunk(p, p0, r0, c);
       const __m512i bb = has1 ? decode_chunk(p, p1, r1, c) : _mm512_setzero_si512();
@@ -208,7 +226,7 @@ MLA_TARGET_AVX512 static inline void decode_tile(const MlaDecodeParams& p, int32
   // Zero V pairs up to the end of the 32-key step holding key nv - 1.
   const int pair_end = ((nv + 31) / 32) * 16;
   for (int i = pairs; i < pair_end; ++i) {
-    for (int c = 0; c < kHeadDimV / 16; ++c) _mm512_store_si512(sc.vv + i * kHeadDimV + 16 * c, _mm512_setzero_si512());
+    for (int c = 0; c < kHeadDimV / 16; ++c) _mm512_store_si512(sc.vv + i * kVvRow + 16 * c, _mm512_setzero_si512());
   }
 }
 
@@ -217,7 +235,7 @@ MLA_TARGET_AVX512 static inline void decode_tile(const MlaDecodeParams& p, int32
 MLA_TARGET_AVX512 static inline void zero_v_keys(int from, int to, Scratch& sc) {
   for (int j = from; j < to; ++j) {
     const __mmask32 half = (j & 1) ? 0xAAAAAAAAu : 0x55555555u;
-    uint32_t* vrow = sc.vv + (j / 2) * kHeadDimV;
+    uint32_t* vrow = sc.vv + (j / 2) * kVvRow;
     for (int c = 0; c < kHeadDimV / 16; ++c) _mm512_mask_storeu_epi16(vrow + 16 * c, half, _mm512_setzero_si512());
   }
 }
@@ -258,7 +276,7 @@ MLA_TARGET_AVX512 static inline void softmax_tile(int nk, float logit_scale_log2
     for (int r = 0; r < 16; ++r) {
       if (!((move >> r) & 1)) continue;
       const __m512 ar = _mm512_set1_ps(al[r]);
-      float* o = O + r * kHeadDimV;
+      float* o = O + r * kORow;
       for (int d = 0; d < kHeadDimV; d += 16) _mm512_store_ps(o + d, _mm512_mul_ps(_mm512_load_ps(o + d), ar));
     }
     m = m_new;
@@ -337,7 +355,9 @@ MLA_TARGET_AVX512 void run_piece(const PieceArgs& a, const CallScales& cs) {
     Mm::begin();
     for (int32_t j0 = a.key_begin; j0 < key_end; j0 += kTileKeys) {
       const int nv = std::min<int32_t>(kTileKeys, key_end - j0);
+      MLA_PROFILE_START();
       decode_tile(p, a.b, j0, nv, key_end, sc);
+      MLA_PROFILE_LAP(Mm::kNeedsPa, kDecode);
       int valid_v = nv;  // keys of the tile whose V is still in Vv
       for (int g = a.ng - 1; g >= 0; --g) {  // latest token (most keys) first
         const int nk = std::min<int32_t>(nv, a.groups[g].visible - j0);
@@ -348,11 +368,15 @@ MLA_TARGET_AVX512 void run_piece(const PieceArgs& a, const CallScales& cs) {
         }
         float* O = a.O + static_cast<int64_t>(g) * kOFloats;
         Mm::qk(sc, sc.qt + g * kQtDwords, nk);
+        MLA_PROFILE_LAP(Mm::kNeedsPa, kQk);
         softmax_tile(nk, logit_scale_log2, sc.s, sc.m2 + g * 16, a.l + g * 16, O, sc.yt);
+        MLA_PROFILE_LAP(Mm::kNeedsPa, kSoftmax);
         if (Mm::kNeedsPa) {
           for (int h = 0; h < (nk + 31) / 32 * 16; h += 16) transpose16x16(sc.yt + h * 16, 16, sc.pa + h, kTileKeys / 2);
         }
+        MLA_PROFILE_LAP(Mm::kNeedsPa, kTranspose);
         Mm::pv(sc, O, nk, a.groups[g].nh);
+        MLA_PROFILE_LAP(Mm::kNeedsPa, kPv);
       }
     }
     Mm::end();
