@@ -14,7 +14,8 @@ import torch
 import mla_decode
 from cases import FORMATS, LAYOUTS, SM_SCALE, check_against_reference, explain_case, make_case, run_case
 
-PATHS = ("scalar", "avx2", "avx512", "amx", "auto")
+PATHS = ("scalar", "avx2", "avx512", "avx512_fp32", "amx", "auto")
+FORCED = PATHS[:-1]
 CPU = torch.device("cpu")
 
 
@@ -222,7 +223,7 @@ def test_paths_agree_closely():
     """The vector paths compute the same bf16 products as each other (AVX-512 and AMX) or fp32
     ones (AVX2, scalar): pairwise far inside the reference tolerance."""
     case = cached_case("fp8", "paged", 16, 2, [700, 33, 0, 129], seed=31)
-    outs = {p: run_path(case, p)[0].double() for p in ("scalar", "avx2", "avx512", "amx")
+    outs = {p: run_path(case, p)[0].double() for p in FORCED
             if not path_unavailable(p)}
     ref = outs["scalar"]
     for p, o in outs.items():
@@ -233,14 +234,25 @@ def test_paths_agree_closely():
 def test_explain_names_the_path_and_split():
     q, kv, ind = _tiny()
     plan = mla_decode.explain(q, kv, ind, kv_indptr=ind)
-    assert plan.kernel in ("cpu_amx", "cpu_avx512", "cpu_avx2", "cpu_scalar"), plan
+    assert plan.kernel in tuple(f"cpu_{p}" for p in FORCED), plan
     assert plan.why.startswith("auto: ")
-    assert int(plan.fields["threads"]) == torch.get_num_threads()
+    if plan.fields["parallel"] == "at-parallel-for":
+        assert int(plan.fields["threads"]) == torch.get_num_threads()
+    else:
+        assert plan.fields["parallel"] == "serial-build" and plan.fields["threads"] == "1"
     assert "pieces" in plan.fields and int(plan.splits) >= 1
-    for path in ("scalar", "avx2", "avx512", "amx"):
+    for path in FORCED:
         forced = mla_decode.explain(q, kv, ind, kv_indptr=ind, overrides={"cpu_path": path})
         assert forced.kernel == f"cpu_{path}"
         assert forced.why == "forced by the override cpu_path"
+
+
+def _intel():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("vendor_id") and "GenuineIntel" in line for line in f)
+    except OSError:
+        return None
 
 
 def test_auto_takes_the_best_path_this_cpu_has():
@@ -248,15 +260,17 @@ def test_auto_takes_the_best_path_this_cpu_has():
     kernel = mla_decode.explain(q, kv, ind, kv_indptr=ind).kernel
     if not path_unavailable("amx"):
         assert kernel == "cpu_amx"
-    elif not path_unavailable("avx512"):
+    elif not path_unavailable("avx512") and _intel() is False:
         assert kernel == "cpu_avx512"
+    elif not path_unavailable("avx512_fp32"):
+        assert kernel in ("cpu_avx512", "cpu_avx512_fp32") if _intel() is None else kernel == "cpu_avx512_fp32"
     elif not path_unavailable("avx2"):
         assert kernel == "cpu_avx2"
     else:
         assert kernel == "cpu_scalar"
 
 
-@pytest.mark.parametrize("path", ("scalar", "avx2", "avx512", "amx"))
+@pytest.mark.parametrize("path", FORCED)
 def test_forcing_a_path_the_cpu_lacks_raises_with_the_reason(path):
     why = path_unavailable(path)
     if not why:

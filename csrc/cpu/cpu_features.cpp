@@ -30,6 +30,7 @@ CpuFeatures detect() {
   CpuFeatures f;
   f.x86_64 = true;
   unsigned int a, b, c, d;
+  if (__get_cpuid(0, &a, &b, &c, &d)) f.intel = b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu;
   if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
   const bool osxsave = (c >> 27) & 1, fma = (c >> 12) & 1, avx = (c >> 28) & 1;
   if (!osxsave || !avx) return f;

@@ -10,7 +10,8 @@ struct CpuFeatures {
   bool avx2_fma = false;  // AVX2 + FMA, with the OS saving ymm state
   bool avx512_bf16 = false;  // AVX-512 F/BW/VL/DQ + BF16, with the OS saving zmm state
   bool amx_bf16 = false;  // AMX-TILE + AMX-BF16 in cpuid and the tile state in XCR0
-  bool avx512_f = false;  // AVX-512 F/BW/VL/DQ without BF16 (for the reason text)
+  bool avx512_f = false;  // AVX-512 F/BW/VL/DQ (with or without BF16), with the OS saving zmm state
+  bool intel = false;     // cpuid vendor GenuineIntel
 };
 
 // Detected on the first call, constant afterwards.

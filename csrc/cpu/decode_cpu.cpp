@@ -35,6 +35,16 @@
 #include "cpu/cpu_features.h"
 #include "cpu/kernel_common.h"
 
+// at::parallel_for of an OpenMP build of ATen is an inline `#pragma omp
+// parallel`: compiled without -fopenmp it runs every piece on the calling
+// thread. explain() says so (parallel=serial-build).
+#if AT_PARALLEL_OPENMP && !defined(_OPENMP)
+#define MLA_CPU_SERIAL_BUILD 1
+#pragma message("mla_decode: csrc/cpu is compiled without -fopenmp, so at::parallel_for runs on one thread")
+#else
+#define MLA_CPU_SERIAL_BUILD 0
+#endif
+
 namespace mla_decode {
 namespace {
 
@@ -161,6 +171,7 @@ PieceFn piece_fn(CpuPath path) {
   switch (path) {
     case CpuPath::kAvx2: return &cpu::piece_avx2;
     case CpuPath::kAvx512: return &cpu::piece_avx512;
+    case CpuPath::kAvx512Fp32: return &cpu::piece_avx512_fp32;
     case CpuPath::kAmx: return &cpu::piece_amx;
     default: return &cpu::piece_scalar;
   }
@@ -460,6 +471,10 @@ const char* why_auto(CpuPath chosen) {
     case CpuPath::kAvx512:
       return cpu::cpu_features().amx_bf16 ? "auto: AVX-512 BF16 (AMX is off for this process)"
                                           : "auto: AVX-512 BF16 dot products (the CPU lacks AMX-BF16)";
+    case CpuPath::kAvx512Fp32:
+      if (cpu::cpu_features().amx_bf16) return "auto: AVX-512 fp32 FMA (AMX is off for this process; on Intel cores vdpbf16ps is slower than two FMAs)";
+      return cpu::cpu_features().avx512_bf16 ? "auto: AVX-512 fp32 FMA (on Intel cores vdpbf16ps is slower than two FMAs)"
+                                             : "auto: AVX-512 fp32 FMA (the CPU lacks AVX-512 BF16)";
     case CpuPath::kAvx2: return "auto: AVX2 + FMA in fp32 (the CPU lacks AVX-512 BF16)";
     default: return "auto: the portable C++ kernel (the CPU has no AVX2 + FMA, or this is not an x86-64 build)";
   }
@@ -474,12 +489,14 @@ const char* cpu_path_name(CpuPath path) {
     case CpuPath::kAvx2: return "avx2";
     case CpuPath::kAvx512: return "avx512";
     case CpuPath::kAmx: return "amx";
+    case CpuPath::kAvx512Fp32: return "avx512_fp32";
   }
   return "unknown";
 }
 
 bool cpu_path_from_name(const char* name, CpuPath* path) {
-  for (CpuPath c : {CpuPath::kAuto, CpuPath::kScalar, CpuPath::kAvx2, CpuPath::kAvx512, CpuPath::kAmx}) {
+  for (CpuPath c : {CpuPath::kAuto, CpuPath::kScalar, CpuPath::kAvx2, CpuPath::kAvx512, CpuPath::kAmx,
+                    CpuPath::kAvx512Fp32}) {
     if (std::strcmp(name, cpu_path_name(c)) == 0) {
       *path = c;
       return true;
@@ -502,15 +519,18 @@ const char* cpu_path_unavailable(CpuPath path) {
       if (f.avx512_bf16) return nullptr;
       return f.avx512_f ? "the CPU lacks AVX-512 BF16"
                         : "the CPU lacks AVX-512 F/BW/VL/DQ (or the OS does not enable the zmm state)";
+    case CpuPath::kAvx512Fp32:
+      if (!built) return "this build has no x86-64 vector paths";
+      return f.avx512_f ? nullptr : "the CPU lacks AVX-512 F/BW/VL/DQ (or the OS does not enable the zmm state)";
     case CpuPath::kAmx: return amx_state();
   }
   return "unknown CPU path";
 }
 
 CpuPath cpu_auto_path() {
-  if (cpu_path_unavailable(CpuPath::kAvx512) == nullptr) {
-    return amx_state() == nullptr ? CpuPath::kAmx : CpuPath::kAvx512;
-  }
+  if (cpu_path_unavailable(CpuPath::kAvx512) == nullptr && amx_state() == nullptr) return CpuPath::kAmx;
+  if (cpu_path_unavailable(CpuPath::kAvx512) == nullptr && !cpu::cpu_features().intel) return CpuPath::kAvx512;
+  if (cpu_path_unavailable(CpuPath::kAvx512Fp32) == nullptr) return CpuPath::kAvx512Fp32;
   if (cpu_path_unavailable(CpuPath::kAvx2) == nullptr) return CpuPath::kAvx2;
   return CpuPath::kScalar;
 }
@@ -521,7 +541,8 @@ std::string describe_cpu_plan(const MlaDecodeParams& p, const CpuOptions& opt) {
   std::string s = std::string("kernel=cpu_") + cpu_path_name(path) +
                   ";splits=" + std::to_string(plan.max_pieces_per_set) +
                   ";pieces=" + std::to_string(plan.piece_set.size()) +
-                  ";threads=" + std::to_string(at::get_num_threads()) + ";why=" +
+                  ";threads=" + std::to_string(MLA_CPU_SERIAL_BUILD ? 1 : at::get_num_threads()) +
+                  ";parallel=" + (MLA_CPU_SERIAL_BUILD ? "serial-build" : "at-parallel-for") + ";why=" +
                   (opt.path == CpuPath::kAuto ? why_auto(path) : "forced by the override cpu_path");
   if (opt.path != CpuPath::kAuto) {
     const char* no = cpu_path_unavailable(opt.path);

@@ -155,7 +155,7 @@ MLA_TARGET_AVX2 static void qk(const float* qt, const float* kf, int nk, float* 
   }
 }
 
-// Softmax step (see vec_avx512.h softmax_tile); leaves p in S (0 beyond nk).
+// Softmax step (see vec_avx512.h softmax_update); leaves p in S (0 beyond nk).
 MLA_TARGET_AVX2 static void softmax(int nk, float logit_scale_log2, float* s, float* m2, float* l, float* O) {
   const __m256 scale = _mm256_set1_ps(logit_scale_log2);
   for (int half = 0; half < 2; ++half) {

@@ -60,6 +60,7 @@ struct CallScales {
 void piece_scalar(const PieceArgs& a, const CallScales& s);
 void piece_avx2(const PieceArgs& a, const CallScales& s);
 void piece_avx512(const PieceArgs& a, const CallScales& s);
+void piece_avx512_fp32(const PieceArgs& a, const CallScales& s);
 void piece_amx(const PieceArgs& a, const CallScales& s);
 
 // Whether the vector paths were compiled into this build (x86-64, GCC or clang).

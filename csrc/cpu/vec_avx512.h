@@ -39,6 +39,9 @@
 #include "common/formats.h"
 #include "cpu/kernel_common.h"
 
+// AVX512F: every helper without bf16 instructions (also run by avx512_fp32
+// on CPUs without AVX-512 BF16); AVX512: the bf16 users.
+#define MLA_TARGET_AVX512F __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi2")))
 #define MLA_TARGET_AVX512 \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,bmi2")))
 #define MLA_TARGET_AMX \
@@ -88,7 +91,7 @@ struct alignas(64) Scratch {
 // ---- exp2 ------------------------------------------------------------------
 // 2^x for x <= ~9: x = n + f with |f| <= 1/2, 2^f by a degree-6 polynomial
 // (relative error ~2e-7), times 2^n by vscalefps. x below -200 gives 0; NaN stays NaN.
-MLA_TARGET_AVX512 static inline __m512 exp2_ps(__m512 x) {
+MLA_TARGET_AVX512F static inline __m512 exp2_ps(__m512 x) {
   x = _mm512_max_ps(_mm512_set1_ps(-200.f), x);  // second operand returned for NaN
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(x, n);
@@ -108,7 +111,7 @@ MLA_TARGET_AVX512 static inline __m512 exp2_ps(__m512 x) {
 // place and adding the exponent offset, subnormals from an 8-entry table, NaN
 // codes to the bf16 quiet NaN.
 template <bool kFnuz>
-MLA_TARGET_AVX512 static inline __m512i decode_fp8_chunk(const uint8_t* src) {
+MLA_TARGET_AVX512F static inline __m512i decode_fp8_chunk(const uint8_t* src) {
   const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
   const __m512i mag = _mm512_and_si512(w, _mm512_set1_epi16(0x7F));
   const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(w, _mm512_set1_epi16(0x80)), 8);
@@ -133,7 +136,7 @@ MLA_TARGET_AVX512 static inline __m512i decode_fp8_chunk(const uint8_t* src) {
 // exact while the result stays a normal bf16 (2 <= e <= 252); other blocks
 // (never produced by the quantiser for finite data) take the fp32 product of
 // formats.h rounded to bf16 (e = 255 gives NaN).
-MLA_TARGET_AVX512 static inline __m512i decode_mxfp4_chunk(const uint8_t* src, uint8_t e) {
+MLA_TARGET_AVX512F static inline __m512i decode_mxfp4_chunk(const uint8_t* src, uint8_t e) {
   if (e < 2 || e > 252) {
     alignas(64) uint16_t out[32];
     const float s = e8m0_to_float(e);
@@ -169,7 +172,7 @@ MLA_TARGET_AVX512 static inline __m512i decode_mxfp4_chunk(const uint8_t* src, u
 }
 
 // Chunk c of cache row `row`.
-MLA_TARGET_AVX512 static inline __m512i decode_chunk(const MlaDecodeParams& p, const uint8_t* row_ptr, int64_t row,
+MLA_TARGET_AVX512F static inline __m512i decode_chunk(const MlaDecodeParams& p, const uint8_t* row_ptr, int64_t row,
                                                      int c) {
   switch (p.format) {
     case KvFormat::kBf16: return _mm512_loadu_si512(row_ptr + 64 * c);
@@ -181,7 +184,7 @@ MLA_TARGET_AVX512 static inline __m512i decode_chunk(const MlaDecodeParams& p, c
   return _mm512_setzero_si512();
 }
 
-MLA_TARGET_AVX512 static inline void prefetch_row(const MlaDecodeParams& p, const uint8_t* row_ptr) {
+MLA_TARGET_AVX512F static inline void prefetch_row(const MlaDecodeParams& p, const uint8_t* row_ptr) {
   const int bytes = p.format == KvFormat::kBf16 ? 2 * kHeadDimQK
                     : p.format == KvFormat::kMxfp4 ? kMxfp4RowBytes : kHeadDimQK;
   for (int off = 0; off < bytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(row_ptr) + off, _MM_HINT_T0);
@@ -190,7 +193,7 @@ MLA_TARGET_AVX512 static inline void prefetch_row(const MlaDecodeParams& p, cons
 // Decodes keys [j0, j0 + nv) of item b into Kb and Vv; pairs beyond nv (up to
 // the 32-key step that contains the last one) get zero V. Prefetches the rows
 // of the next tile (keys j0 + 64 .. < prefetch_end).
-MLA_TARGET_AVX512 static inline void decode_tile(const MlaDecodeParams& p, int32_t b, int32_t j0, int nv,
+MLA_TARGET_AVX512F static inline void decode_tile(const MlaDecodeParams& p, int32_t b, int32_t j0, int nv,
                                                  int32_t prefetch_end, Scratch& sc) {
   const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
                                           37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
@@ -232,7 +235,7 @@ MLA_TARGET_AVX512 static inline void decode_tile(const MlaDecodeParams& p, int32
 
 // Zeroes the V of keys [from, to) of the tile (to <= the decoded count's
 // 32-key step), for a group that sees fewer keys than the tile holds.
-MLA_TARGET_AVX512 static inline void zero_v_keys(int from, int to, Scratch& sc) {
+MLA_TARGET_AVX512F static inline void zero_v_keys(int from, int to, Scratch& sc) {
   for (int j = from; j < to; ++j) {
     const __mmask32 half = (j & 1) ? 0xAAAAAAAAu : 0x55555555u;
     uint32_t* vrow = sc.vv + (j / 2) * kVvRow;
@@ -241,7 +244,7 @@ MLA_TARGET_AVX512 static inline void zero_v_keys(int from, int to, Scratch& sc) 
 }
 
 // Qt of one group (rows >= nh are zero).
-MLA_TARGET_AVX512 static inline void build_qt(const MlaDecodeParams& p, const GroupDesc& gd, uint32_t* qt) {
+MLA_TARGET_AVX512F static inline void build_qt(const MlaDecodeParams& p, const GroupDesc& gd, uint32_t* qt) {
   memset(qt, 0, kQtDwords * 4);
   const uint16_t* qbase = static_cast<const uint16_t*>(p.q);
   for (int r = 0; r < gd.nh; ++r) {
@@ -252,11 +255,10 @@ MLA_TARGET_AVX512 static inline void build_qt(const MlaDecodeParams& p, const Gr
 }
 
 // Online-softmax step of one group over the tile's first nk keys (S holds
-// their raw dot products): updates m2 / l, rescales O where the reference max
-// moves, and writes the probabilities as bf16 key pairs into Yt for every
-// pair of the 32-key steps that hold the nk keys (zero beyond nk).
-MLA_TARGET_AVX512 static inline void softmax_tile(int nk, float logit_scale_log2, float* s, float* m2, float* l,
-                                                  float* O, uint32_t* yt) {
+// their raw dot products; they become log2-domain logits): updates m2,
+// rescales l and O where the reference max moves; returns the reference max.
+MLA_TARGET_AVX512F static inline __m512 softmax_update(int nk, float logit_scale_log2, float* s, float* m2, float* l,
+                                                      float* O) {
   const __m512 scale = _mm512_set1_ps(logit_scale_log2);
   __m512 bm = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int k = 0; k < nk; ++k) {
@@ -266,11 +268,10 @@ MLA_TARGET_AVX512 static inline void softmax_tile(int nk, float logit_scale_log2
   }
   __m512 m = _mm512_loadu_ps(m2);
   const __mmask16 move = _mm512_cmp_ps_mask(bm, _mm512_add_ps(m, _mm512_set1_ps(kLazyRescale)), _CMP_GT_OQ);
-  __m512 lsum = _mm512_loadu_ps(l);
   if (move) {
     const __m512 m_new = _mm512_mask_mov_ps(m, move, bm);
     const __m512 alpha = exp2_ps(_mm512_sub_ps(m, m_new));  // 0 where m was -inf, 1 where m stays
-    lsum = _mm512_mul_ps(lsum, alpha);
+    _mm512_storeu_ps(l, _mm512_mul_ps(_mm512_loadu_ps(l), alpha));
     alignas(64) float al[16];
     _mm512_store_ps(al, alpha);
     for (int r = 0; r < 16; ++r) {
@@ -282,6 +283,24 @@ MLA_TARGET_AVX512 static inline void softmax_tile(int nk, float logit_scale_log2
     m = m_new;
     _mm512_storeu_ps(m2, m);
   }
+  return m;
+}
+
+// p = 2^(x - m) for keys < nk, summed into l, written back into S as fp32.
+MLA_TARGET_AVX512F static inline void probs_fp32(int nk, __m512 m, float* s, float* l) {
+  __m512 lsum = _mm512_loadu_ps(l);
+  for (int k = 0; k < nk; ++k) {
+    const __m512 pk = exp2_ps(_mm512_sub_ps(_mm512_load_ps(s + 16 * k), m));
+    lsum = _mm512_add_ps(lsum, pk);
+    _mm512_store_ps(s + 16 * k, pk);
+  }
+  _mm512_storeu_ps(l, lsum);
+}
+
+// The same probabilities as bf16 key pairs in Yt, for every pair of the
+// 32-key steps that hold the nk keys (zero beyond nk); l sums them in fp32.
+MLA_TARGET_AVX512 static inline void probs_pairs(int nk, __m512 m, const float* s, float* l, uint32_t* yt) {
+  __m512 lsum = _mm512_loadu_ps(l);
   const __m512i pair_idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
                                             6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   const int steps = (nk + 31) / 32 * 32;
@@ -298,7 +317,7 @@ MLA_TARGET_AVX512 static inline void softmax_tile(int nk, float logit_scale_log2
 }
 
 // 16 x 16 dword transpose: dst[c * dst_stride + r] = src[r * src_stride + c].
-MLA_TARGET_AVX512 static inline void transpose16x16(const uint32_t* src, int src_stride, uint32_t* dst,
+MLA_TARGET_AVX512F static inline void transpose16x16(const uint32_t* src, int src_stride, uint32_t* dst,
                                                     int dst_stride) {
   __m512i r[16], a[16], bq[16];
   for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + i * src_stride);
@@ -369,7 +388,8 @@ MLA_TARGET_AVX512 void run_piece(const PieceArgs& a, const CallScales& cs) {
         float* O = a.O + static_cast<int64_t>(g) * kOFloats;
         Mm::qk(sc, sc.qt + g * kQtDwords, nk);
         MLA_PROFILE_LAP(Mm::kNeedsPa, kQk);
-        softmax_tile(nk, logit_scale_log2, sc.s, sc.m2 + g * 16, a.l + g * 16, O, sc.yt);
+        const __m512 m_ref = softmax_update(nk, logit_scale_log2, sc.s, sc.m2 + g * 16, a.l + g * 16, O);
+        probs_pairs(nk, m_ref, sc.s, a.l + g * 16, sc.yt);
         MLA_PROFILE_LAP(Mm::kNeedsPa, kSoftmax);
         if (Mm::kNeedsPa) {
           for (int h = 0; h < (nk + 31) / 32 * 16; h += 16) transpose16x16(sc.yt + h * 16, 16, sc.pa + h, kTileKeys / 2);
