@@ -38,6 +38,8 @@ FORMATS = ("bf16", "fp8", "mxfp4")
 PATHS = ("scalar", "avx2", "avx512", "avx512_fp32", "amx")
 ROW_BYTES = {"bf16": 1152, "fp8": 576, "fp8_fnuz": 576, "mxfp4": 306}
 SM_SCALE = 1.0 / 24.0
+FIELDS = ("H", "B", "kv", "format", "threads", "gflop", "cache_mb", "floor_ms", "plain_ms", "bandwidth_gbps", "impl",
+          "kernel", "ms", "gbps", "pct_floor", "speedup")
 FLAGS_SHOWN = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "avx512_fp16",
                "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
 
@@ -149,6 +151,16 @@ def run_cpu_benchmark(out_dir: str | None = None, threads=(1, 2), quick: bool = 
               f"paths run: {', '.join(paths)}; load average at start: {load_average()}"]
     rows = []
     gen = torch.Generator().manual_seed(0)
+    csv_file = None
+    writer = None
+
+    def emit(row):
+        rows.append(row)
+        if verbose:
+            print(_table_row(row), flush=True)
+        if writer is not None:
+            writer.writerow(row)
+            csv_file.flush()
     try:
         bandwidth = {}
         for t in threads:
@@ -159,6 +171,13 @@ def run_cpu_benchmark(out_dir: str | None = None, threads=(1, 2), quick: bool = 
         if verbose:
             print("\n".join(header), flush=True)
             print(_table_header(), flush=True)
+        if out_dir is not None:  # rows are written as they are measured
+            os.makedirs(out_dir, exist_ok=True)
+            csv_file = open(os.path.join(out_dir, "cpu_bench.csv"), "w", newline="")
+            for line in header:
+                csv_file.write(f"# {line}\n")
+            writer = csv.DictWriter(csv_file, fieldnames=FIELDS)
+            writer.writeheader()
         for H in SHAPES_H:
             for B in shapes_b:
                 for kv in SHAPES_KV:
@@ -178,11 +197,9 @@ def run_cpu_benchmark(out_dir: str | None = None, threads=(1, 2), quick: bool = 
                                     "cache_mb": round(cache_bytes / 1e6, 3), "floor_ms": round(floor_ms, 4),
                                     "plain_ms": round(plain_ms, 4), "bandwidth_gbps": round(bandwidth[t], 2)}
                             impls = [("op:auto", None)] + [(f"op:{p}", p) for p in paths]
-                            rows.append(dict(base, impl="plain", kernel="torch fp32 bmm/softmax/bmm",
-                                             ms=round(plain_ms, 4), gbps=round(cache_bytes / plain_ms / 1e6, 2),
-                                             pct_floor=round(100 * floor_ms / plain_ms, 1), speedup=1.0))
-                            if verbose:
-                                print(_table_row(rows[-1]), flush=True)
+                            emit(dict(base, impl="plain", kernel="torch fp32 bmm/softmax/bmm",
+                                      ms=round(plain_ms, 4), gbps=round(cache_bytes / plain_ms / 1e6, 2),
+                                      pct_floor=round(100 * floor_ms / plain_ms, 1), speedup=1.0))
                             for name, path in impls:
                                 if path == "scalar" and gflop > max_scalar_gflop:
                                     continue
@@ -194,27 +211,20 @@ def run_cpu_benchmark(out_dir: str | None = None, threads=(1, 2), quick: bool = 
                                     mla_decode.decode(q, cache, qo, kv_scale=scale, kv_indptr=kvi, sm_scale=SM_SCALE,
                                                       out=out, lse=lse, _overrides=ov)
                                 ms = _median_ms(call, min_time=min_time)
-                                rows.append(dict(base, impl=name, kernel=kernel, ms=round(ms, 4),
-                                                 gbps=round(cache_bytes / ms / 1e6, 2),
-                                                 pct_floor=round(100 * floor_ms / ms, 1),
-                                                 speedup=round(plain_ms / ms, 2)))
-                                if verbose:
-                                    print(_table_row(rows[-1]), flush=True)
+                                emit(dict(base, impl=name, kernel=kernel, ms=round(ms, 4),
+                                          gbps=round(cache_bytes / ms / 1e6, 2), pct_floor=round(100 * floor_ms / ms, 1),
+                                          speedup=round(plain_ms / ms, 2)))
                         del q, cache, scale, deq, q32
     finally:
         torch.set_num_threads(old_threads)
+        if csv_file is not None:
+            csv_file.write(f"# load average at end: {load_average()}\n")
+            csv_file.close()
     header.append(f"load average at end: {load_average()}")
     if verbose:
         print(header[-1])
     if out_dir is not None:
-        os.makedirs(out_dir, exist_ok=True)
         path = os.path.join(out_dir, "cpu_bench.csv")
-        with open(path, "w", newline="") as f:
-            for line in header:
-                f.write(f"# {line}\n")
-            w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
-            w.writeheader()
-            w.writerows(rows)
         png = _plot(rows, header, os.path.join(out_dir, "cpu_bench.png"))
         if verbose:
             print(f"wrote {path}" + (f" and {png}" if png else " (no plot: matplotlib is not importable)"))

@@ -1,7 +1,7 @@
 // The AVX-512 paths. avx512: the vector data flow of vec_avx512.h with both
 // products on vdpbf16ps (pairs of bf16 products summed into fp32 lanes);
 // avx512_fp32 (below): the same tiles with fp32 FMA products.
-//   QK: lanes are the group's 16 rows. For a block of 16 keys, 16 fp32
+//   QK: lanes are the group's 16 rows. For a sub-tile of 16 keys, 16 fp32
 //       accumulators; for each of the 288 dim pairs one Qt vector (the pair of
 //       every row) times the key's pair broadcast from Kb.
 //   PV: lanes are 16 output dims. Blocks of 4 rows x 64 dims (16
@@ -22,27 +22,26 @@ namespace {
 using namespace vec;
 
 struct Avx512Mm {
+  static constexpr int kTile = 64;
   static constexpr bool kNeedsPa = false;
   static void begin() {}
   static void end() {}
 
-  MLA_TARGET_AVX512 static void qk(Scratch& sc, const uint32_t* qt, int nk) {
-    for (int k0 = 0; k0 < nk; k0 += 16) {
-      __m512 acc[16];
+  MLA_TARGET_AVX512 static void qk(Scratch& sc, const uint32_t* qt, int k0, float* s) {
+    __m512 acc[16];
 #pragma GCC unroll 16
-      for (int k = 0; k < 16; ++k) acc[k] = _mm512_setzero_ps();
-      const uint32_t* kb = sc.kb + k0 * kRowDwords;
-      for (int i = 0; i < kRowDwords; ++i) {
-        const __m512bh q = reinterpret_cast<__m512bh>(_mm512_load_si512(qt + 16 * i));
+    for (int k = 0; k < 16; ++k) acc[k] = _mm512_setzero_ps();
+    const uint32_t* kb = sc.kb + k0 * kRowDwords;
+    for (int i = 0; i < kRowDwords; ++i) {
+      const __m512bh q = reinterpret_cast<__m512bh>(_mm512_load_si512(qt + 16 * i));
 #pragma GCC unroll 16
-        for (int k = 0; k < 16; ++k) {
-          const __m512bh kk = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(kb[k * kRowDwords + i])));
-          acc[k] = _mm512_dpbf16_ps(acc[k], q, kk);
-        }
+      for (int k = 0; k < 16; ++k) {
+        const __m512bh kk = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(kb[k * kRowDwords + i])));
+        acc[k] = _mm512_dpbf16_ps(acc[k], q, kk);
       }
-#pragma GCC unroll 16
-      for (int k = 0; k < 16; ++k) _mm512_store_ps(sc.s + 16 * (k0 + k), acc[k]);
     }
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; ++k) _mm512_store_ps(s + 16 * (k0 + k), acc[k]);
   }
 
   MLA_TARGET_AVX512 static void pv(Scratch& sc, float* O, int nk, int nh) {

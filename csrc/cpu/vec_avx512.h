@@ -2,7 +2,8 @@
 // and kernel_amx.cpp, each compiled with per-function target attributes, so
 // the build needs no global -m flags).
 //
-// Data flow of one piece (kernel_common.h), tile of kTileKeys = 64 keys:
+// Data flow of one piece (kernel_common.h), tiles of Mm::kTile keys (64 for
+// AVX-512, 128 for AMX), decoded and scored 16 keys at a time:
 //   Qt   once per piece and group: the group's 16 query rows as bf16 pairs,
 //        transposed to [chunk c < 18][pair k < 16][row r < 16] dwords, i.e.
 //        dword (q[r][32c+2k], q[r][32c+2k+1]). This is the B operand of the
@@ -68,7 +69,8 @@ inline uint64_t g_phase_ticks[2][kPhases];  // [AMX?][phase]; racy sums, good en
 #define MLA_PROFILE_LAP(amx, phase) (void)0
 #endif
 
-constexpr int kTileKeys = 64;
+constexpr int kMaxTileKeys = 128;  // the largest Mm::kTile
+constexpr int kSubTile = 16;       // keys decoded (and scored) together
 constexpr int kChunks = kHeadDimQK / 32;         // 18 chunks of 32 dims (one MX block each)
 constexpr int kRowDwords = kHeadDimQK / 2;       // 288 bf16 pairs per key row
 constexpr int kQtDwords = kChunks * 16 * 16;     // one group's Qt
@@ -77,14 +79,17 @@ constexpr float kLazyRescale = 8.f;              // log2 units
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// Per-thread buffers of a piece (64-byte aligned; about 300 KB).
+constexpr int kPaRow = kMaxTileKeys / 2;        // dwords between rows of Pa
+
+// Per-thread buffers of a piece (64-byte aligned; about 500 KB).
 struct alignas(64) Scratch {
   uint32_t qt[kMaxGroupsPerPiece * kQtDwords];
-  uint32_t kb[kTileKeys * kRowDwords];
-  uint32_t vv[kTileKeys / 2 * kVvRow];
-  float s[kTileKeys * 16];
-  uint32_t yt[kTileKeys / 2 * 16];
-  uint32_t pa[16 * kTileKeys / 2];
+  uint32_t kb[kMaxTileKeys * kRowDwords];
+  uint32_t vv[kMaxTileKeys / 2 * kVvRow];
+  float s[kMaxGroupsPerPiece * kMaxTileKeys * 16];  // per group: [key][16 rows]
+  float c4[4 * 256];                                 // AMX: four partial S tiles of one sub-tile
+  uint32_t yt[kMaxTileKeys / 2 * 16];
+  uint32_t pa[16 * kPaRow];
   float m2[kMaxGroupsPerPiece * 16];  // reference max per row, log2 units
 };
 
@@ -184,27 +189,26 @@ MLA_TARGET_AVX512F static inline __m512i decode_chunk(const MlaDecodeParams& p, 
   return _mm512_setzero_si512();
 }
 
+// Into L2 (T1): the next tile's rows would evict the current tile from L1.
 MLA_TARGET_AVX512F static inline void prefetch_row(const MlaDecodeParams& p, const uint8_t* row_ptr) {
   const int bytes = p.format == KvFormat::kBf16 ? 2 * kHeadDimQK
                     : p.format == KvFormat::kMxfp4 ? kMxfp4RowBytes : kHeadDimQK;
-  for (int off = 0; off < bytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(row_ptr) + off, _MM_HINT_T0);
+  for (int off = 0; off < bytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(row_ptr) + off, _MM_HINT_T1);
 }
 
-// Decodes keys [j0, j0 + nv) of item b into Kb and Vv; pairs beyond nv (up to
-// the 32-key step that contains the last one) get zero V. Prefetches the rows
-// of the next tile (keys j0 + 64 .. < prefetch_end).
-MLA_TARGET_AVX512F static inline void decode_tile(const MlaDecodeParams& p, int32_t b, int32_t j0, int nv,
-                                                 int32_t prefetch_end, Scratch& sc) {
+// Decodes keys [k_begin, k_end) of the tile starting at key j0 of item b
+// (k_begin even; a pair's second key at or beyond nv is zero) into Kb and Vv,
+// and prefetches into L2 the rows `ahead` keys further (before prefetch_end).
+MLA_TARGET_AVX512F static inline void decode_keys(const MlaDecodeParams& p, int32_t b, int32_t j0, int k_begin,
+                                                  int k_end, int nv, int ahead, int32_t prefetch_end, Scratch& sc) {
   const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
                                           37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
   const __m512i hi_idx = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23, 54,
                                           22, 53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
   const uint8_t* kv = static_cast<const uint8_t*>(p.kv);
-  const int pairs = (nv + 1) / 2;
-  for (int i = 0; i < pairs; ++i) {
-    const int j = 2 * i;
+  for (int j = k_begin; j < k_end; j += 2) {
     for (int u = 0; u < 2; ++u) {
-      const int32_t pj = j0 + kTileKeys + j + u;
+      const int32_t pj = j0 + ahead + j + u;
       if (pj < prefetch_end) prefetch_row(p, kv + kv_row(p, b, pj) * p.kv_row_stride_bytes);
     }
     const int64_t r0 = kv_row(p, b, j0 + j);
@@ -214,7 +218,7 @@ MLA_TARGET_AVX512F static inline void decode_tile(const MlaDecodeParams& p, int3
     const uint8_t* p1 = kv + r1 * p.kv_row_stride_bytes;
     uint32_t* k0 = sc.kb + j * kRowDwords;
     uint32_t* k1 = k0 + kRowDwords;
-    uint32_t* vrow = sc.vv + i * kVvRow;
+    uint32_t* vrow = sc.vv + (j / 2) * kVvRow;
     for (int c = 0; c < kChunks; ++c) {
       const __m512i a = decode_chunk(p, p0, r0, c);
       const __m512i bb = has1 ? decode_chunk(p, p1, r1, c) : _mm512_setzero_si512();
@@ -226,9 +230,12 @@ MLA_TARGET_AVX512F static inline void decode_tile(const MlaDecodeParams& p, int3
       }
     }
   }
-  // Zero V pairs up to the end of the 32-key step holding key nv - 1.
+}
+
+// Zero V pairs from the one after key nv - 1 up to the end of its 32-key step.
+MLA_TARGET_AVX512F static inline void zero_v_tail(int nv, Scratch& sc) {
   const int pair_end = ((nv + 31) / 32) * 16;
-  for (int i = pairs; i < pair_end; ++i) {
+  for (int i = (nv + 1) / 2; i < pair_end; ++i) {
     for (int c = 0; c < kHeadDimV / 16; ++c) _mm512_store_si512(sc.vv + i * kVvRow + 16 * c, _mm512_setzero_si512());
   }
 }
@@ -345,12 +352,16 @@ MLA_TARGET_AVX512F static inline void transpose16x16(const uint32_t* src, int sr
 }
 
 // One piece on the vector data flow above; Mm supplies the two products:
-//   Mm::qk(sc, qt, nk)         S[0 .. round16(nk)) from Kb and qt
+//   Mm::kTile                  keys per tile (64 or 128)
+//   Mm::qk(sc, qt, k0, s)      S rows k0 .. k0 + 15 of one group from Kb rows
+//                              k0 .. k0 + 15 (called right after they are
+//                              decoded, while they are in L1) and the group's Qt
 //   Mm::pv(sc, O, nk, nh)      O += P V over the 32-key steps holding nk keys
 //   Mm::kNeedsPa               whether pv reads Pa (else Yt)
 //   Mm::begin() / Mm::end()    around the piece (AMX tile configuration)
 template <class Mm>
 MLA_TARGET_AVX512 void run_piece(const PieceArgs& a, const CallScales& cs) {
+  static_assert(Mm::kTile % 32 == 0 && Mm::kTile <= kMaxTileKeys, "tile size");
   const MlaDecodeParams& p = *a.p;
   static thread_local Scratch* scratch_ptr = nullptr;
   if (scratch_ptr == nullptr) {
@@ -372,27 +383,35 @@ MLA_TARGET_AVX512 void run_piece(const PieceArgs& a, const CallScales& cs) {
     for (int g = 0; g < a.ng; ++g) build_qt(p, a.groups[g], sc.qt + g * kQtDwords);
     const float logit_scale_log2 = cs.qk * kLog2e;
     Mm::begin();
-    for (int32_t j0 = a.key_begin; j0 < key_end; j0 += kTileKeys) {
-      const int nv = std::min<int32_t>(kTileKeys, key_end - j0);
-      MLA_PROFILE_START();
-      decode_tile(p, a.b, j0, nv, key_end, sc);
-      MLA_PROFILE_LAP(Mm::kNeedsPa, kDecode);
+    for (int32_t j0 = a.key_begin; j0 < key_end; j0 += Mm::kTile) {
+      const int nv = std::min<int32_t>(Mm::kTile, key_end - j0);
+      for (int k0 = 0; k0 < nv; k0 += kSubTile) {
+        MLA_PROFILE_START();
+        decode_keys(p, a.b, j0, k0, std::min(nv, k0 + kSubTile), nv, Mm::kTile, key_end, sc);
+        MLA_PROFILE_LAP(Mm::kNeedsPa, kDecode);
+        for (int g = 0; g < a.ng; ++g) {
+          if (a.groups[g].visible - j0 <= k0) continue;  // the group sees none of these keys
+          Mm::qk(sc, sc.qt + g * kQtDwords, k0, sc.s + g * (kMaxTileKeys * 16));
+        }
+        MLA_PROFILE_LAP(Mm::kNeedsPa, kQk);
+      }
+      zero_v_tail(nv, sc);
       int valid_v = nv;  // keys of the tile whose V is still in Vv
       for (int g = a.ng - 1; g >= 0; --g) {  // latest token (most keys) first
         const int nk = std::min<int32_t>(nv, a.groups[g].visible - j0);
         if (nk <= 0) break;  // earlier groups see fewer keys still
+        MLA_PROFILE_START();
         if (nk < valid_v) {
           zero_v_keys(nk, valid_v, sc);
           valid_v = nk;
         }
         float* O = a.O + static_cast<int64_t>(g) * kOFloats;
-        Mm::qk(sc, sc.qt + g * kQtDwords, nk);
-        MLA_PROFILE_LAP(Mm::kNeedsPa, kQk);
-        const __m512 m_ref = softmax_update(nk, logit_scale_log2, sc.s, sc.m2 + g * 16, a.l + g * 16, O);
-        probs_pairs(nk, m_ref, sc.s, a.l + g * 16, sc.yt);
+        float* s = sc.s + g * (kMaxTileKeys * 16);
+        const __m512 m_ref = softmax_update(nk, logit_scale_log2, s, sc.m2 + g * 16, a.l + g * 16, O);
+        probs_pairs(nk, m_ref, s, a.l + g * 16, sc.yt);
         MLA_PROFILE_LAP(Mm::kNeedsPa, kSoftmax);
         if (Mm::kNeedsPa) {
-          for (int h = 0; h < (nk + 31) / 32 * 16; h += 16) transpose16x16(sc.yt + h * 16, 16, sc.pa + h, kTileKeys / 2);
+          for (int h = 0; h < (nk + 31) / 32 * 16; h += 16) transpose16x16(sc.yt + h * 16, 16, sc.pa + h, kPaRow);
         }
         MLA_PROFILE_LAP(Mm::kNeedsPa, kTranspose);
         Mm::pv(sc, O, nk, a.groups[g].nh);
