@@ -446,6 +446,12 @@ const char* amx_state() {
       reason = "this build has no x86-64 vector paths";
       return;
     }
+#ifdef MLA_CPU_AMX_EMULATION
+    if (!cpu::cpu_features().avx512_bf16) {
+      reason = "the AMX emulation build needs AVX-512 BF16";
+      return;
+    }
+#else
     if (!cpu::cpu_features().amx_bf16) {
       reason = "the CPU lacks AMX-BF16 (or the OS does not enable the tile state)";
       return;
@@ -455,6 +461,7 @@ const char* amx_state() {
       TORCH_WARN_ONCE("mla_decode: AMX is off for this process: ", reason, "; the CPU kernel uses AVX-512.");
       return;
     }
+#endif
     std::string detail;
     reason = amx_self_test(&detail);
     if (reason != nullptr) {
@@ -467,12 +474,18 @@ const char* amx_state() {
 
 const char* why_auto(CpuPath chosen) {
   switch (chosen) {
+#ifdef MLA_CPU_AMX_EMULATION
+    case CpuPath::kAmx: return "auto: AMX-BF16 tiles for QK and PV, EMULATED in scalar code (a test build)";
+#else
     case CpuPath::kAmx: return "auto: AMX-BF16 tiles for QK and PV (self-test passed)";
+#endif
     case CpuPath::kAvx512:
       return cpu::cpu_features().amx_bf16 ? "auto: AVX-512 BF16 (AMX is off for this process)"
                                           : "auto: AVX-512 BF16 dot products (the CPU lacks AMX-BF16)";
     case CpuPath::kAvx512Fp32:
-      if (cpu::cpu_features().amx_bf16) return "auto: AVX-512 fp32 FMA (AMX is off for this process; on Intel cores vdpbf16ps is slower than two FMAs)";
+      if (cpu::cpu_features().amx_bf16) {
+        return "auto: AVX-512 fp32 FMA (AMX is off for this process; on Intel cores vdpbf16ps is slower than two FMAs)";
+      }
       return cpu::cpu_features().avx512_bf16 ? "auto: AVX-512 fp32 FMA (on Intel cores vdpbf16ps is slower than two FMAs)"
                                              : "auto: AVX-512 fp32 FMA (the CPU lacks AVX-512 BF16)";
     case CpuPath::kAvx2: return "auto: AVX2 + FMA in fp32 (the CPU lacks AVX-512 BF16)";

@@ -22,6 +22,9 @@
 #include <new>
 
 #include "cpu/vec_avx512.h"
+#ifdef MLA_CPU_AMX_EMULATION
+#include "cpu/amx_emulation.h"
+#endif
 
 namespace mla_decode {
 namespace cpu {
