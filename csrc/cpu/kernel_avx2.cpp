@@ -223,12 +223,7 @@ MLA_TARGET_AVX2 static void pv(const float* pk, const float* kf, int nk, int nh,
 
 MLA_TARGET_AVX2 static void run_piece(const PieceArgs& a, const CallScales& cs) {
   const MlaDecodeParams& p = *a.p;
-  static thread_local Avx2Scratch* scratch_ptr = nullptr;
-  if (scratch_ptr == nullptr) {
-    scratch_ptr = static_cast<Avx2Scratch*>(aligned_alloc(64, sizeof(Avx2Scratch)));
-    if (scratch_ptr == nullptr) throw std::bad_alloc();
-  }
-  Avx2Scratch& sc = *scratch_ptr;
+  Avx2Scratch& sc = thread_scratch<Avx2Scratch>();
   const float neg_inf = -std::numeric_limits<float>::infinity();
   for (int g = 0; g < a.ng; ++g) {
     for (int r = 0; r < 16; ++r) {

@@ -187,12 +187,7 @@ MLA_TARGET_AVX512F static void pv32(const float* pk, const float* kf, int nk, in
 
 MLA_TARGET_AVX512F static void run_piece32(const PieceArgs& a, const CallScales& cs) {
   const MlaDecodeParams& p = *a.p;
-  static thread_local Scratch32* scratch_ptr = nullptr;
-  if (scratch_ptr == nullptr) {
-    scratch_ptr = static_cast<Scratch32*>(aligned_alloc(64, sizeof(Scratch32)));
-    if (scratch_ptr == nullptr) throw std::bad_alloc();
-  }
-  Scratch32& sc = *scratch_ptr;
+  Scratch32& sc = thread_scratch<Scratch32>();
   const float neg_inf = -std::numeric_limits<float>::infinity();
   for (int g = 0; g < a.ng; ++g) {
     for (int r = 0; r < 16; ++r) {

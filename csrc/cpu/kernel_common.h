@@ -18,6 +18,10 @@
 #pragma once
 
 #include <stdint.h>
+#include <stdlib.h>
+
+#include <memory>
+#include <new>
 
 #include "common/params.h"
 
@@ -65,6 +69,21 @@ void piece_amx(const PieceArgs& a, const CallScales& s);
 
 // Whether the vector paths were compiled into this build (x86-64, GCC or clang).
 bool vector_paths_built();
+
+// A path's per-thread scratch: one 64-byte aligned T per thread, allocated on
+// the thread's first piece and kept until the thread ends.
+template <class T>
+T& thread_scratch() {
+  struct Free {
+    void operator()(T* p) const { free(p); }
+  };
+  static thread_local std::unique_ptr<T, Free> scratch;
+  if (!scratch) {
+    scratch.reset(static_cast<T*>(aligned_alloc(64, (sizeof(T) + 63) / 64 * 64)));
+    if (!scratch) throw std::bad_alloc();
+  }
+  return *scratch;
+}
 
 }  // namespace cpu
 }  // namespace mla_decode

@@ -363,12 +363,7 @@ template <class Mm>
 MLA_TARGET_AVX512 void run_piece(const PieceArgs& a, const CallScales& cs) {
   static_assert(Mm::kTile % 32 == 0 && Mm::kTile <= kMaxTileKeys, "tile size");
   const MlaDecodeParams& p = *a.p;
-  static thread_local Scratch* scratch_ptr = nullptr;
-  if (scratch_ptr == nullptr) {
-    scratch_ptr = static_cast<Scratch*>(aligned_alloc(64, sizeof(Scratch)));
-    if (scratch_ptr == nullptr) throw std::bad_alloc();
-  }
-  Scratch& sc = *scratch_ptr;
+  Scratch& sc = thread_scratch<Scratch>();
   const float neg_inf = -std::numeric_limits<float>::infinity();
   for (int g = 0; g < a.ng; ++g) {
     for (int r = 0; r < 16; ++r) {
