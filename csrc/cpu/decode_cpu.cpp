@@ -1,11 +1,18 @@
-// CPU implementation of absorbed MLA decode for every cache format.
+// The CPU kernel's driver: path choice, work split, threads, split merge and
+// output. The per-piece arithmetic is in kernel_*.cpp (kernel_common.h has
+// the contract).
 //
-// Work item: one (batch item, query token, group of up to 16 heads). Visible
-// keys are taken 32 at a time: their rows are dequantised once into fp32
-// scratch rows (never the whole cache), every head of the group scores them,
-// then updates its running max / sum (online softmax, one rescale per block)
-// and its 512-float accumulator. Accumulation is fp32; the output is rounded
-// to bf16 once at the end.
+// Work split. The rows of item b are its query tokens x heads, cut into
+// groups of up to 16 heads of one token. Consecutive groups of one item (at
+// most 8, i.e. 128 rows) form a set; a path decodes each tile of keys once for
+// the whole set. A set's keys (those its last token sees) are cut into
+// pieces of equal length, a multiple of 64 keys, so that the call has about
+// kTargetPieces pieces of equal work (an item with a long cache is spread
+// over every core), but no piece is shorter than the format's minimum (below
+// it, the piece's fp32 partial would cost as many bytes as its cache rows).
+// The split follows from the shapes alone, never from the thread count, so
+// results do not depend on it. Pieces run under at::parallel_for; the pieces
+// of a split set are then merged by log-sum-exp, in piece order.
 #include "decode_cpu.h"
 
 #include <ATen/Parallel.h>
@@ -14,186 +21,477 @@
 
 #include <algorithm>
 #include <cmath>
+#include <csetjmp>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "common/addressing.h"
-#include "common/formats.h"
+#include "cpu/cpu_features.h"
+#include "cpu/kernel_common.h"
+
+// at::parallel_for of an OpenMP build of ATen is an inline `#pragma omp
+// parallel`: compiled without -fopenmp it runs every piece on the calling
+// thread. explain() says so (parallel=serial-build).
+#if AT_PARALLEL_OPENMP && !defined(_OPENMP)
+#define MLA_CPU_SERIAL_BUILD 1
+#pragma message("mla_decode: csrc/cpu is compiled without -fopenmp, so at::parallel_for runs on one thread")
+#else
+#define MLA_CPU_SERIAL_BUILD 0
+#endif
 
 namespace mla_decode {
 namespace {
 
-constexpr int kHeadsPerTask = 16;
-constexpr int kKeysPerBlock = 32;  // keys dequantised together (72 KB of fp32 rows)
-// Splitting a task's keys (see decode_cpu): chunks of at least this many keys,
-// and at most this many chunks in all (8.4 MB of partials).
-constexpr int64_t kMinChunkKeys = 512;
-constexpr int64_t kMaxPartials = 256;
+using cpu::GroupDesc;
+using cpu::kGroupRows;
+using cpu::kMaxGroupsPerPiece;
+using cpu::kOFloats;
+using cpu::kPieceKeyAlign;
 
-// Decode tables, built once per call: every fp8 code (times the tensor
-// scale, the same fp32 product the per-element decode made), and both E2M1
-// values of every MXFP4 byte (low nibble first).
-struct DecodeTables {
-  float fp8[256];
-  float e2m1_pair[256][2];
+constexpr int64_t kTargetPieces = 32;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Floats of one group's record: O (16 x 512), then m (16) and l (16) of the
+// piece's groups follow all the O blocks (PieceArgs layout).
+constexpr int64_t kRecordFloats = kOFloats + 2 * kGroupRows;
+
+// 64-byte aligned float storage that keeps its memory between calls.
+class AlignedFloats {
+ public:
+  float* get(int64_t n) {
+    if (n > cap_) {
+      std::free(data_);
+      cap_ = std::max<int64_t>(n, cap_ * 3 / 2);
+      data_ = static_cast<float*>(std::aligned_alloc(64, ((cap_ * 4 + 63) / 64) * 64));
+      TORCH_CHECK(data_ != nullptr, "mla_decode: the CPU kernel could not allocate ", cap_ * 4, " bytes of scratch.");
+    }
+    return data_;
+  }
+  ~AlignedFloats() { std::free(data_); }
+
+ private:
+  float* data_ = nullptr;
+  int64_t cap_ = 0;
 };
 
-DecodeTables make_tables(const MlaDecodeParams& p) {
-  DecodeTables t{};
-  if (p.format == KvFormat::kFp8E4M3FN || p.format == KvFormat::kFp8E4M3FNUZ) {
-    const float s = *p.fp8_scale;
-    for (int c = 0; c < 256; ++c) {
-      const uint8_t code = static_cast<uint8_t>(c);
-      t.fp8[c] = (p.format == KvFormat::kFp8E4M3FN ? e4m3fn_to_float(code) : e4m3fnuz_to_float(code)) * s;
-    }
-  } else if (p.format == KvFormat::kMxfp4) {
-    for (int c = 0; c < 256; ++c) {
-      t.e2m1_pair[c][0] = e2m1_to_float(c & 0xF);  // even element in the low nibble
-      t.e2m1_pair[c][1] = e2m1_to_float(c >> 4);
-    }
-  }
-  return t;
-}
+struct Set {
+  int32_t b, g_begin, ng;
+  int32_t keys;          // keys its last (latest) token sees
+  int32_t piece_keys;    // keys per piece
+  int32_t pieces;        // >= 1
+  int64_t first_piece;
+  int64_t record_offset;  // floats into the partial buffer (pieces > 1)
+};
 
-// Dequantises cache row `row` into dst[0:576].
-void load_row(const MlaDecodeParams& p, const DecodeTables& tables, int64_t row, float* dst) {
-  const uint8_t* base = static_cast<const uint8_t*>(p.kv) + row * p.kv_row_stride_bytes;
-  switch (p.format) {
-    case KvFormat::kBf16: {
-      const uint16_t* v = reinterpret_cast<const uint16_t*>(base);
-      for (int d = 0; d < kHeadDimQK; ++d) dst[d] = bf16_bits_to_float(v[d]);
-      break;
-    }
+struct Plan {
+  std::vector<GroupDesc> groups;
+  std::vector<Set> sets;
+  std::vector<int32_t> piece_set;  // set of each piece
+  int64_t partial_floats = 0;
+  int32_t max_pieces_per_set = 1;
+};
+
+int64_t cache_row_bytes(KvFormat f) {
+  switch (f) {
+    case KvFormat::kBf16: return 2 * kHeadDimQK;
     case KvFormat::kFp8E4M3FN:
-    case KvFormat::kFp8E4M3FNUZ:
-      for (int d = 0; d < kHeadDimQK; ++d) dst[d] = tables.fp8[base[d]];
-      break;
-    case KvFormat::kMxfp4: {
-      const uint8_t* sc = p.mx_scale + row * p.mx_scale_stride_row;
-      for (int blk = 0; blk < kMxBlocksPerRow; ++blk) {
-        const float s = e8m0_to_float(sc[blk * p.mx_scale_stride_col]);
-        const uint8_t* bytes = base + blk * (kMxBlock / 2);
-        float* d = dst + blk * kMxBlock;
-        for (int k = 0; k < kMxBlock / 2; ++k) {
-          d[2 * k] = tables.e2m1_pair[bytes[k]][0] * s;
-          d[2 * k + 1] = tables.e2m1_pair[bytes[k]][1] * s;
-        }
-      }
-      break;
-    }
+    case KvFormat::kFp8E4M3FNUZ: return kHeadDimQK;
+    case KvFormat::kMxfp4: return kMxfp4RowBytes + kMxBlocksPerRow;
   }
+  return 2 * kHeadDimQK;
 }
 
-// Dot product of two 576-float rows with 8 independent partial sums, so the
-// compiler can vectorise it without reassociating a single sum (no fast-math).
-float dot576(const float* a, const float* b) {
-  float part[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  for (int d = 0; d < kHeadDimQK; d += 8) {
-    for (int u = 0; u < 8; ++u) part[u] += a[d + u] * b[d + u];
-  }
-  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-}
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-// One (query token, head group): the qi-th query of item b, heads h0 .. h0 + nh - 1,
-// which sees `visible` keys (split into `chunks` pieces, see chunk_keys).
-struct Task {
-  int32_t b, qi, h0, nh, visible;
-  int32_t chunks;          // pieces its keys are split into (1: not split)
-  int64_t partial_offset;  // its first partial record (chunks > 1)
-};
-
-// Running softmax state of nh heads: max m, sum l (per head) and the
-// 512-float accumulator.
-struct Partial {
-  float m[kHeadsPerTask];
-  float l[kHeadsPerTask];
-  float* acc;  // nh x 512
-};
-
-// Online softmax over keys [key_begin, key_end) of `task` into `st`. Keys are
-// taken kKeysPerBlock at a time: the block's rows are dequantised once into
-// `kblock`, every head scores them, and each head's running max / sum and
-// accumulator are rescaled once per block (not once per key).
-void attend(const MlaDecodeParams& p, const DecodeTables& tables, const Task& task, int32_t key_begin,
-            int32_t key_end, const float* qbuf, float* kblock, Partial& st) {
-  const int nh = task.nh;
-  for (int h = 0; h < nh; ++h) {
-    st.m[h] = -std::numeric_limits<float>::infinity();
-    st.l[h] = 0.f;
-  }
-  std::fill(st.acc, st.acc + nh * kHeadDimV, 0.f);
-  float score[kKeysPerBlock];
-  for (int32_t j0 = key_begin; j0 < key_end; j0 += kKeysPerBlock) {
-    const int nk = std::min<int32_t>(kKeysPerBlock, key_end - j0);
-    // Out-of-range rows are rejected by check_index_values before we get here.
-    for (int k = 0; k < nk; ++k) load_row(p, tables, kv_row(p, task.b, j0 + k), kblock + k * kHeadDimQK);
-    for (int h = 0; h < nh; ++h) {
-      const float* qh = qbuf + h * kHeadDimQK;
-      float block_max = -std::numeric_limits<float>::infinity();
-      for (int k = 0; k < nk; ++k) {
-        score[k] = dot576(qh, kblock + k * kHeadDimQK) * p.sm_scale;
-        block_max = std::max(block_max, score[k]);  // a NaN score is skipped here, and poisons l below
-      }
-      const float m_new = std::max(st.m[h], block_max);
-      float* a = st.acc + h * kHeadDimV;
-      if (m_new > st.m[h]) {
-        const float alpha = std::exp(st.m[h] - m_new);  // exp(-inf) = 0 on the first block
-        st.l[h] *= alpha;
-        for (int d = 0; d < kHeadDimV; ++d) a[d] *= alpha;
-        st.m[h] = m_new;
-      }
-      for (int k = 0; k < nk; ++k) {
-        const float w = std::exp(score[k] - st.m[h]);  // NaN scores propagate into l and acc
-        st.l[h] += w;
-        const float* v = kblock + k * kHeadDimQK;
-        for (int d = 0; d < kHeadDimV; ++d) a[d] += w * v[d];
+Plan make_plan(const MlaDecodeParams& p) {
+  Plan plan;
+  const int32_t head_groups = (p.num_heads + kGroupRows - 1) / kGroupRows;
+  int64_t total_work = 0;  // keys x groups, summed over sets
+  for (int32_t b = 0; b < p.batch; ++b) {
+    const int32_t q_begin = p.qo_indptr[b], q_len = p.qo_indptr[b + 1] - q_begin;
+    const int32_t kv_len = kv_length(p, b);
+    const int32_t g_first = static_cast<int32_t>(plan.groups.size());
+    for (int32_t t = 0; t < q_len; ++t) {
+      for (int32_t hg = 0; hg < head_groups; ++hg) {
+        const int32_t h0 = hg * kGroupRows;
+        plan.groups.push_back(GroupDesc{q_begin + t, h0, std::min(kGroupRows, p.num_heads - h0),
+                                        visible_keys(kv_len, q_len, t)});
       }
     }
+    const int32_t g_end = static_cast<int32_t>(plan.groups.size());
+    for (int32_t g = g_first; g < g_end; g += kMaxGroupsPerPiece) {
+      Set s{};
+      s.b = b;
+      s.g_begin = g;
+      s.ng = std::min(kMaxGroupsPerPiece, g_end - g);
+      s.keys = plan.groups[g + s.ng - 1].visible;  // visible grows with the token
+      plan.sets.push_back(s);
+      total_work += static_cast<int64_t>(s.keys) * s.ng;
+    }
+  }
+  // Shortest piece: its partial (ng x 33 KB) at most a quarter of its cache bytes
+  // per group, within [256, 1024] keys.
+  const int64_t min_keys =
+      round_up(std::min<int64_t>(1024, std::max<int64_t>(256, 4 * kRecordFloats * 4 / cache_row_bytes(p.format))),
+               kPieceKeyAlign);
+  int64_t piece_index = 0;
+  for (Set& s : plan.sets) {
+    const int64_t even_share = (total_work + kTargetPieces - 1) / kTargetPieces / s.ng;
+    const int64_t want = round_up(std::max<int64_t>(min_keys, even_share), kPieceKeyAlign);
+    s.pieces = static_cast<int32_t>(std::max<int64_t>(1, (s.keys + want - 1) / want));
+    // Equal pieces (a multiple of kPieceKeyAlign keys; the last may be shorter).
+    s.piece_keys = static_cast<int32_t>(round_up((s.keys + s.pieces - 1) / s.pieces, kPieceKeyAlign));
+    if (s.keys == 0) s.piece_keys = 0;
+    s.pieces = s.piece_keys > 0 ? static_cast<int32_t>((s.keys + s.piece_keys - 1) / s.piece_keys) : 1;
+    s.first_piece = piece_index;
+    piece_index += s.pieces;
+    if (s.pieces > 1) {
+      s.record_offset = plan.partial_floats;
+      plan.partial_floats += static_cast<int64_t>(s.pieces) * s.ng * kRecordFloats;
+    }
+    plan.max_pieces_per_set = std::max(plan.max_pieces_per_set, s.pieces);
+  }
+  plan.piece_set.resize(piece_index);
+  for (int32_t si = 0; si < static_cast<int32_t>(plan.sets.size()); ++si) {
+    const Set& s = plan.sets[si];
+    for (int32_t c = 0; c < s.pieces; ++c) plan.piece_set[s.first_piece + c] = si;
+  }
+  return plan;
+}
+
+using PieceFn = void (*)(const cpu::PieceArgs&, const cpu::CallScales&);
+
+PieceFn piece_fn(CpuPath path) {
+  switch (path) {
+    case CpuPath::kAvx2: return &cpu::piece_avx2;
+    case CpuPath::kAvx512: return &cpu::piece_avx512;
+    case CpuPath::kAvx512Fp32: return &cpu::piece_avx512_fp32;
+    case CpuPath::kAmx: return &cpu::piece_amx;
+    default: return &cpu::piece_scalar;
   }
 }
 
-// The task's query rows as fp32 (nh x 576).
-void load_q(const MlaDecodeParams& p, const Task& task, float* qbuf) {
-  const int64_t t = static_cast<int64_t>(p.qo_indptr[task.b]) + task.qi;
-  const uint16_t* qbase = static_cast<const uint16_t*>(p.q);
-  for (int h = 0; h < task.nh; ++h) {
-    const uint16_t* qh = qbase + t * p.q_stride_token + static_cast<int64_t>(task.h0 + h) * p.q_stride_head;
-    for (int d = 0; d < kHeadDimQK; ++d) qbuf[h * kHeadDimQK + d] = bf16_bits_to_float(qh[d]);
-  }
+// The vector paths work on the stored codes and fold the fp8 tensor scale
+// into the logit scale and the output; the scalar path decodes code * scale.
+cpu::CallScales call_scales(const MlaDecodeParams& p, CpuPath path) {
+  const bool fp8 = p.format == KvFormat::kFp8E4M3FN || p.format == KvFormat::kFp8E4M3FNUZ;
+  if (fp8 && path != CpuPath::kScalar) return {p.sm_scale * *p.fp8_scale, *p.fp8_scale};
+  return {p.sm_scale, 1.f};
 }
 
-// Writes out (bf16) and lse (natural log) of the task's rows from the final
-// state; a row that sees no key gets 0 and -inf.
-void store(const MlaDecodeParams& p, const Task& task, const Partial& st) {
-  const int64_t t = static_cast<int64_t>(p.qo_indptr[task.b]) + task.qi;
+// out = o_scale * O / l (bf16), lse = m + log(l); a row that sees no key gets 0 and -inf.
+void store_group(const MlaDecodeParams& p, const GroupDesc& gd, const float* O, const float* m, const float* l,
+                 float o_scale) {
   uint16_t* obase = static_cast<uint16_t*>(p.out);
-  for (int h = 0; h < task.nh; ++h) {
-    uint16_t* o = obase + t * p.out_stride_token + static_cast<int64_t>(task.h0 + h) * p.out_stride_head;
-    float* lse = p.lse + t * p.lse_stride_token + static_cast<int64_t>(task.h0 + h) * p.lse_stride_head;
-    if (task.visible == 0) {
+  for (int h = 0; h < gd.nh; ++h) {
+    uint16_t* o = obase + static_cast<int64_t>(gd.q_row) * p.out_stride_token +
+                  static_cast<int64_t>(gd.h0 + h) * p.out_stride_head;
+    float* lse = p.lse + static_cast<int64_t>(gd.q_row) * p.lse_stride_token +
+                 static_cast<int64_t>(gd.h0 + h) * p.lse_stride_head;
+    if (gd.visible == 0) {
       for (int d = 0; d < kHeadDimV; ++d) o[d] = 0;
-      *lse = -std::numeric_limits<float>::infinity();
+      *lse = kNegInf;
       continue;
     }
-    const float inv = 1.f / st.l[h];
-    const float* a = st.acc + h * kHeadDimV;
-    for (int d = 0; d < kHeadDimV; ++d) o[d] = c10::BFloat16(a[d] * inv).x;
-    *lse = st.m[h] + std::log(st.l[h]);
+    const float f = o_scale / l[h];
+    const float* a = O + h * cpu::kORow;
+    for (int d = 0; d < kHeadDimV; ++d) o[d] = c10::BFloat16(a[d] * f).x;
+    *lse = m[h] + std::log(l[h]);
   }
 }
 
-// Keys of chunk c of a task split into `chunks` pieces (multiples of
-// kKeysPerBlock, the last one shorter or empty).
-std::pair<int32_t, int32_t> chunk_keys(const Task& task, int32_t c) {
-  const int32_t per = (task.visible + task.chunks - 1) / task.chunks;
-  const int32_t size = (per + kKeysPerBlock - 1) / kKeysPerBlock * kKeysPerBlock;
-  const int32_t begin = std::min(task.visible, c * size);
-  return {begin, std::min(task.visible, begin + size)};
+// Runs `plan` on `path`; `serial` keeps every piece on the calling thread.
+void run_plan(const MlaDecodeParams& p, const Plan& plan, CpuPath path, bool serial) {
+  const PieceFn fn = piece_fn(path);
+  const cpu::CallScales scales = call_scales(p, path);
+  static thread_local AlignedFloats partial_storage;  // the calling thread's, reused across calls
+  float* partial = plan.partial_floats > 0 ? partial_storage.get(plan.partial_floats) : nullptr;
+
+  auto run_pieces = [&](int64_t begin, int64_t end) {
+    static thread_local AlignedFloats own;  // a whole set's state: ng x (O, m, l)
+    for (int64_t pc = begin; pc < end; ++pc) {
+      const Set& s = plan.sets[plan.piece_set[pc]];
+      const int32_t c = static_cast<int32_t>(pc - s.first_piece);
+      float* rec = s.pieces > 1 ? partial + s.record_offset + static_cast<int64_t>(c) * s.ng * kRecordFloats
+                                : own.get(kMaxGroupsPerPiece * kRecordFloats);
+      cpu::PieceArgs a{};
+      a.p = &p;
+      a.b = s.b;
+      a.groups = plan.groups.data() + s.g_begin;
+      a.ng = s.ng;
+      a.key_begin = std::min(s.keys, c * s.piece_keys);
+      a.key_end = std::min(s.keys, a.key_begin + s.piece_keys);
+      a.O = rec;
+      a.m = rec + static_cast<int64_t>(s.ng) * kOFloats;
+      a.l = a.m + s.ng * kGroupRows;
+      fn(a, scales);
+      if (s.pieces == 1) {
+        for (int g = 0; g < s.ng; ++g) {
+          store_group(p, a.groups[g], a.O + static_cast<int64_t>(g) * kOFloats, a.m + g * kGroupRows,
+                      a.l + g * kGroupRows, scales.o_scale);
+        }
+      }
+    }
+  };
+  const int64_t n_pieces = static_cast<int64_t>(plan.piece_set.size());
+  if (serial) {
+    run_pieces(0, n_pieces);
+  } else {
+    at::parallel_for(0, n_pieces, 1, run_pieces);
+  }
+  if (plan.partial_floats == 0) return;
+
+  // Merge the pieces of each split set: M = max m_c, l = sum l_c e^(m_c - M),
+  // O = sum O_c e^(m_c - M) (an empty piece has m = -inf and weighs 0).
+  auto merge_sets = [&](int64_t begin, int64_t end) {
+    static thread_local AlignedFloats merged;
+    float* O = merged.get(kOFloats);
+    for (int64_t si = begin; si < end; ++si) {
+      const Set& s = plan.sets[si];
+      if (s.pieces == 1) continue;
+      const int64_t piece_floats = static_cast<int64_t>(s.ng) * kRecordFloats;
+      for (int g = 0; g < s.ng; ++g) {
+        const GroupDesc& gd = plan.groups[s.g_begin + g];
+        float m[kGroupRows], l[kGroupRows];
+        for (int h = 0; h < gd.nh; ++h) {
+          float mx = kNegInf;
+          for (int32_t c = 0; c < s.pieces; ++c) {
+            const float* mc = partial + s.record_offset + c * piece_floats + s.ng * kOFloats;
+            mx = std::max(mx, mc[g * kGroupRows + h]);
+          }
+          float lsum = 0.f;
+          float* o = O + h * cpu::kORow;
+          std::fill(o, o + kHeadDimV, 0.f);
+          for (int32_t c = 0; c < s.pieces; ++c) {
+            const float* base = partial + s.record_offset + c * piece_floats;
+            const float m_c = base[s.ng * kOFloats + g * kGroupRows + h];
+            const float l_c = base[s.ng * kOFloats + s.ng * kGroupRows + g * kGroupRows + h];
+            if (m_c == kNegInf && !std::isnan(l_c)) continue;  // the piece saw no key of this row
+            const float w = std::exp(m_c - mx);
+            lsum += l_c * w;
+            const float* oc = base + static_cast<int64_t>(g) * kOFloats + h * cpu::kORow;
+            for (int d = 0; d < kHeadDimV; ++d) o[d] += w * oc[d];
+          }
+          m[h] = mx;
+          l[h] = lsum;
+        }
+        store_group(p, gd, O, m, l, scales.o_scale);
+      }
+    }
+  };
+  const int64_t n_sets = static_cast<int64_t>(plan.sets.size());
+  if (serial) {
+    merge_sets(0, n_sets);
+  } else {
+    at::parallel_for(0, n_sets, 1, merge_sets);
+  }
 }
 
-// Records of one partial: m and l per head, then the nh x 512 accumulator.
-constexpr int64_t kPartialFloats = 2 * kHeadsPerTask + kHeadsPerTask * kHeadDimV;
+// ---- the AMX self-test ------------------------------------------------------
+//
+// The first time AMX would run in a process, a small fixed problem (H = 20:
+// two groups, one partial; 2 query tokens; 150 and 37 keys; bf16, fp8 and
+// MXFP4) runs through the AMX and the AVX-512 paths on the calling thread and
+// the two results are compared with the tests' tolerances (relative Frobenius
+// 8e-3, LSE 2e-3). A fault in the tile code (SIGILL, SIGSEGV) during the test
+// is caught and counts as a failure. On failure AMX stays off for the
+// process, with one warning.
+
+thread_local sigjmp_buf* t_fault_jump = nullptr;
+struct sigaction g_old_sigill, g_old_sigsegv;
+
+void on_fault(int sig) {
+  if (t_fault_jump != nullptr) siglongjmp(*t_fault_jump, sig);
+  // Not the self-test's thread: put the previous handler back and return, so
+  // the faulting instruction runs again under it.
+  sigaction(sig, sig == SIGILL ? &g_old_sigill : &g_old_sigsegv, nullptr);
+}
+
+struct SelfTestCase {
+  std::vector<uint16_t> q;
+  std::vector<uint8_t> kv;
+  std::vector<uint8_t> mx_scale;
+  std::vector<int32_t> qo_indptr{0, 2, 4}, kv_indptr{0, 150, 187};
+  float fp8_scale = 0.0137f;
+  std::vector<uint16_t> out[2];
+  std::vector<float> lse[2];
+};
+
+uint32_t lcg(uint32_t& state) {
+  state = state * 1664525u + 1013904223u;
+  return state >> 8;
+}
+
+uint16_t bf16_of(float f) { return c10::BFloat16(f).x; }
+
+MlaDecodeParams self_test_params(SelfTestCase& c, KvFormat format) {
+  constexpr int kHeads = 20, kRows = 4, kKeys = 187;
+  uint32_t st = 12345u + static_cast<uint32_t>(format);
+  c.q.resize(kRows * kHeads * kHeadDimQK);
+  for (auto& v : c.q) v = bf16_of((static_cast<float>(lcg(st) % 2001) - 1000.f) / 400.f);
+  int64_t row_bytes = format == KvFormat::kBf16 ? 2 * kHeadDimQK
+                      : format == KvFormat::kMxfp4 ? kMxfp4RowBytes : kHeadDimQK;
+  c.kv.resize(kKeys * row_bytes);
+  if (format == KvFormat::kBf16) {
+    for (int64_t i = 0; i < kKeys * kHeadDimQK; ++i) {
+      const uint16_t v = bf16_of((static_cast<float>(lcg(st) % 2001) - 1000.f) / 500.f);
+      std::memcpy(c.kv.data() + 2 * i, &v, 2);
+    }
+  } else if (format == KvFormat::kMxfp4) {
+    for (auto& v : c.kv) v = static_cast<uint8_t>(lcg(st));
+    c.mx_scale.resize(kKeys * kMxBlocksPerRow);
+    for (auto& v : c.mx_scale) v = static_cast<uint8_t>(122 + lcg(st) % 8);
+  } else {
+    for (auto& v : c.kv) {
+      uint8_t code = static_cast<uint8_t>(lcg(st));
+      if ((code & 0x7F) >= 0x70) code &= 0xBF;  // no NaN codes, no huge values
+      v = code;
+    }
+  }
+  for (int k = 0; k < 2; ++k) {
+    c.out[k].assign(kRows * kHeads * kHeadDimV, 0);
+    c.lse[k].assign(kRows * kHeads, 0.f);
+  }
+  MlaDecodeParams p;
+  p.batch = 2;
+  p.num_heads = kHeads;
+  p.total_q = kRows;
+  p.num_cache_rows = kKeys;
+  p.sm_scale = 1.f / 24.f;
+  p.q = c.q.data();
+  p.q_stride_token = kHeads * kHeadDimQK;
+  p.q_stride_head = kHeadDimQK;
+  p.format = format;
+  p.kv = c.kv.data();
+  p.kv_row_stride_bytes = row_bytes;
+  p.fp8_scale = &c.fp8_scale;
+  p.mx_scale = c.mx_scale.data();
+  p.mx_scale_stride_row = kMxBlocksPerRow;
+  p.mx_scale_stride_col = 1;
+  p.layout = KvLayout::kIndptr;
+  p.qo_indptr = c.qo_indptr.data();
+  p.kv_indptr = c.kv_indptr.data();
+  p.out_stride_token = kHeads * kHeadDimV;
+  p.out_stride_head = kHeadDimV;
+  p.lse_stride_token = kHeads;
+  p.lse_stride_head = 1;
+  return p;
+}
+
+// nullptr when AMX agrees with AVX-512 on every format, else what went wrong.
+const char* amx_self_test(std::string* detail) {
+  for (KvFormat format : {KvFormat::kBf16, KvFormat::kFp8E4M3FN, KvFormat::kMxfp4}) {
+    SelfTestCase c;
+    MlaDecodeParams p = self_test_params(c, format);
+    const Plan plan = make_plan(p);
+    for (int k = 0; k < 2; ++k) {
+      p.out = c.out[k].data();
+      p.lse = c.lse[k].data();
+      if (k == 0) {
+        run_plan(p, plan, CpuPath::kAvx512, /*serial=*/true);
+        continue;
+      }
+      sigjmp_buf jump;
+      struct sigaction sa;
+      std::memset(&sa, 0, sizeof(sa));
+      sa.sa_handler = on_fault;
+      sigemptyset(&sa.sa_mask);
+      sigaction(SIGILL, &sa, &g_old_sigill);
+      sigaction(SIGSEGV, &sa, &g_old_sigsegv);
+      const int sig = sigsetjmp(jump, 1);
+      if (sig == 0) {
+        t_fault_jump = &jump;
+        run_plan(p, plan, CpuPath::kAmx, /*serial=*/true);
+      }
+      t_fault_jump = nullptr;
+      sigaction(SIGILL, &g_old_sigill, nullptr);
+      sigaction(SIGSEGV, &g_old_sigsegv, nullptr);
+      if (sig != 0) {
+        *detail = sig == SIGILL ? "SIGILL" : "SIGSEGV";
+        return "a tile instruction faulted during the self-test";
+      }
+    }
+    double num = 0, den = 0, lse_err = 0;
+    for (size_t i = 0; i < c.out[0].size(); ++i) {
+      const double a = c10::BFloat16(c.out[1][i], c10::BFloat16::from_bits()), b = c10::BFloat16(c.out[0][i],
+                                                                                       c10::BFloat16::from_bits());
+      num += (a - b) * (a - b);
+      den += b * b;
+    }
+    for (size_t i = 0; i < c.lse[0].size(); ++i) {
+      lse_err = std::max(lse_err, std::abs(static_cast<double>(c.lse[1][i]) - c.lse[0][i]));
+    }
+    const double rel = std::sqrt(num / std::max(den, 1e-30));
+    if (!(rel < 8e-3) || !(lse_err < 2e-3)) {  // also catches NaN
+      *detail = std::string(format == KvFormat::kBf16 ? "bf16" : format == KvFormat::kMxfp4 ? "mxfp4" : "fp8") +
+                ": relative error " + std::to_string(rel) + ", LSE error " + std::to_string(lse_err);
+      return "AMX and AVX-512 disagree on the self-test";
+    }
+  }
+  return nullptr;
+}
+
+// nullptr when AMX may run in this process, else why not.
+const char* amx_state() {
+  static const char* reason = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (!cpu::vector_paths_built()) {
+      reason = "this build has no x86-64 vector paths";
+      return;
+    }
+#ifdef MLA_CPU_AMX_EMULATION
+    if (!cpu::cpu_features().avx512_bf16) {
+      reason = "the AMX emulation build needs AVX-512 BF16";
+      return;
+    }
+#else
+    if (!cpu::cpu_features().amx_bf16) {
+      reason = "the CPU lacks AMX-BF16 (or the OS does not enable the tile state)";
+      return;
+    }
+    reason = cpu::amx_permission();
+    if (reason != nullptr) {
+      TORCH_WARN_ONCE("mla_decode: AMX is off for this process: ", reason, "; the CPU kernel uses AVX-512.");
+      return;
+    }
+#endif
+    std::string detail;
+    reason = amx_self_test(&detail);
+    if (reason != nullptr) {
+      TORCH_WARN_ONCE("mla_decode: AMX is off for this process: ", reason, " (", detail,
+                      "); the CPU kernel uses AVX-512.");
+    }
+  });
+  return reason;
+}
+
+const char* why_auto(CpuPath chosen) {
+  switch (chosen) {
+#ifdef MLA_CPU_AMX_EMULATION
+    case CpuPath::kAmx: return "auto: AMX-BF16 tiles for QK and PV, EMULATED in scalar code (a test build)";
+#else
+    case CpuPath::kAmx: return "auto: AMX-BF16 tiles for QK and PV (self-test passed)";
+#endif
+    case CpuPath::kAvx512:
+      return cpu::cpu_features().amx_bf16 ? "auto: AVX-512 BF16 (AMX is off for this process)"
+                                          : "auto: AVX-512 BF16 dot products (the CPU lacks AMX-BF16)";
+    case CpuPath::kAvx512Fp32:
+      if (cpu::cpu_features().amx_bf16) {
+        return "auto: AVX-512 fp32 FMA (AMX is off for this process; on Intel cores vdpbf16ps is slower than two FMAs)";
+      }
+      return cpu::cpu_features().avx512_bf16 ? "auto: AVX-512 fp32 FMA (on Intel cores vdpbf16ps is slower than two FMAs)"
+                                             : "auto: AVX-512 fp32 FMA (the CPU lacks AVX-512 BF16)";
+    case CpuPath::kAvx2: return "auto: AVX2 + FMA in fp32 (the CPU lacks AVX-512 BF16)";
+    default: return "auto: the portable C++ kernel (the CPU has no AVX2 + FMA, or this is not an x86-64 build)";
+  }
+}
 
 }  // namespace
 
@@ -201,12 +499,17 @@ const char* cpu_path_name(CpuPath path) {
   switch (path) {
     case CpuPath::kAuto: return "auto";
     case CpuPath::kScalar: return "scalar";
+    case CpuPath::kAvx2: return "avx2";
+    case CpuPath::kAvx512: return "avx512";
+    case CpuPath::kAmx: return "amx";
+    case CpuPath::kAvx512Fp32: return "avx512_fp32";
   }
   return "unknown";
 }
 
 bool cpu_path_from_name(const char* name, CpuPath* path) {
-  for (CpuPath c : {CpuPath::kAuto, CpuPath::kScalar}) {
+  for (CpuPath c : {CpuPath::kAuto, CpuPath::kScalar, CpuPath::kAvx2, CpuPath::kAvx512, CpuPath::kAmx,
+                    CpuPath::kAvx512Fp32}) {
     if (std::strcmp(name, cpu_path_name(c)) == 0) {
       *path = c;
       return true;
@@ -215,118 +518,59 @@ bool cpu_path_from_name(const char* name, CpuPath* path) {
   return false;
 }
 
-const char* cpu_path_unavailable(CpuPath) { return nullptr; }
+const char* cpu_path_unavailable(CpuPath path) {
+  const cpu::CpuFeatures& f = cpu::cpu_features();
+  const bool built = cpu::vector_paths_built();
+  switch (path) {
+    case CpuPath::kAuto:
+    case CpuPath::kScalar: return nullptr;
+    case CpuPath::kAvx2:
+      if (!built) return "this build has no x86-64 vector paths";
+      return f.avx2_fma ? nullptr : "the CPU lacks AVX2 + FMA (or the OS does not enable the ymm state)";
+    case CpuPath::kAvx512:
+      if (!built) return "this build has no x86-64 vector paths";
+      if (f.avx512_bf16) return nullptr;
+      return f.avx512_f ? "the CPU lacks AVX-512 BF16"
+                        : "the CPU lacks AVX-512 F/BW/VL/DQ (or the OS does not enable the zmm state)";
+    case CpuPath::kAvx512Fp32:
+      if (!built) return "this build has no x86-64 vector paths";
+      return f.avx512_f ? nullptr : "the CPU lacks AVX-512 F/BW/VL/DQ (or the OS does not enable the zmm state)";
+    case CpuPath::kAmx: return amx_state();
+  }
+  return "unknown CPU path";
+}
 
-std::string describe_cpu_plan(const MlaDecodeParams&, const CpuOptions&) {
-  return "kernel=cpu_scalar;why=the portable C++ kernel";
+CpuPath cpu_auto_path() {
+  if (cpu_path_unavailable(CpuPath::kAvx512) == nullptr && amx_state() == nullptr) return CpuPath::kAmx;
+  if (cpu_path_unavailable(CpuPath::kAvx512) == nullptr && !cpu::cpu_features().intel) return CpuPath::kAvx512;
+  if (cpu_path_unavailable(CpuPath::kAvx512Fp32) == nullptr) return CpuPath::kAvx512Fp32;
+  if (cpu_path_unavailable(CpuPath::kAvx2) == nullptr) return CpuPath::kAvx2;
+  return CpuPath::kScalar;
+}
+
+std::string describe_cpu_plan(const MlaDecodeParams& p, const CpuOptions& opt) {
+  const CpuPath path = opt.path == CpuPath::kAuto ? cpu_auto_path() : opt.path;
+  const Plan plan = make_plan(p);
+  std::string s = std::string("kernel=cpu_") + cpu_path_name(path) +
+                  ";splits=" + std::to_string(plan.max_pieces_per_set) +
+                  ";pieces=" + std::to_string(plan.piece_set.size()) +
+                  ";threads=" + std::to_string(MLA_CPU_SERIAL_BUILD ? 1 : at::get_num_threads()) +
+                  ";parallel=" + (MLA_CPU_SERIAL_BUILD ? "serial-build" : "at-parallel-for") + ";why=" +
+                  (opt.path == CpuPath::kAuto ? why_auto(path) : "forced by the override cpu_path");
+  if (opt.path != CpuPath::kAuto) {
+    const char* no = cpu_path_unavailable(opt.path);
+    if (no != nullptr) s += std::string(";error=") + no;
+  }
+  return s;
 }
 
 void decode_cpu(const MlaDecodeParams& p, const CpuOptions& opt) {
   const char* unavailable = cpu_path_unavailable(opt.path);
-  TORCH_CHECK(unavailable == nullptr, std::string("mla_decode: the CPU path '") + cpu_path_name(opt.path) +
-                                          "' cannot run on this CPU: " + (unavailable ? unavailable : "") + ".");
-  const int32_t head_groups = (p.num_heads + kHeadsPerTask - 1) / kHeadsPerTask;
-  const DecodeTables tables = make_tables(p);
-
-  // Tasks: (query row, head group), with qo_indptr mapping a row to its item.
-  std::vector<Task> tasks;
-  tasks.reserve(static_cast<size_t>(p.total_q) * head_groups);
-  for (int32_t b = 0; b < p.batch; ++b) {
-    const int32_t q_begin = p.qo_indptr[b], q_len = p.qo_indptr[b + 1] - q_begin;
-    const int32_t kv_len = kv_length(p, b);
-    for (int32_t qi = 0; qi < q_len; ++qi) {
-      for (int32_t g = 0; g < head_groups; ++g) {
-        const int32_t h0 = g * kHeadsPerTask;
-        tasks.push_back(Task{b, qi, h0, std::min(kHeadsPerTask, p.num_heads - h0),
-                             visible_keys(kv_len, q_len, qi), 1, 0});
-      }
-    }
-  }
-  // Few tasks with long key ranges (small batches) would leave cores idle, so
-  // their keys are split into chunks of at least kMinChunkKeys, at most
-  // kMaxPartials chunks in all, merged afterwards. The split follows from the
-  // shapes alone, never from the thread count, so results do not depend on it.
-  int64_t partials = 0;
-  const int64_t n_tasks = static_cast<int64_t>(tasks.size());
-  if (n_tasks > 0 && n_tasks < kMaxPartials / 2) {
-    const int64_t max_chunks = kMaxPartials / n_tasks;
-    for (Task& task : tasks) {
-      const int64_t want = task.visible / kMinChunkKeys;
-      task.chunks = static_cast<int32_t>(std::max<int64_t>(1, std::min(want, max_chunks)));
-      if (task.chunks > 1) {
-        task.partial_offset = partials;
-        partials += task.chunks;
-      }
-    }
-  }
-  std::vector<float> partial(static_cast<size_t>(partials * kPartialFloats));
-  std::vector<int64_t> first_piece(tasks.size() + 1, 0);
-  for (size_t i = 0; i < tasks.size(); ++i) first_piece[i + 1] = first_piece[i] + tasks[i].chunks;
-
-  // Every piece: a whole task (stored directly) or one chunk of a split task.
-  at::parallel_for(0, first_piece.back(), 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> kblock(kKeysPerBlock * kHeadDimQK);
-    std::vector<float> qbuf(kHeadsPerTask * kHeadDimQK);
-    std::vector<float> acc(kHeadsPerTask * kHeadDimV);
-    size_t ti = std::upper_bound(first_piece.begin(), first_piece.end(), begin) - first_piece.begin() - 1;
-    int64_t loaded_q = -1;
-    for (int64_t piece = begin; piece < end; ++piece) {
-      while (piece >= first_piece[ti + 1]) ++ti;
-      const Task& task = tasks[ti];
-      if (loaded_q != static_cast<int64_t>(ti)) {
-        load_q(p, task, qbuf.data());
-        loaded_q = static_cast<int64_t>(ti);
-      }
-      const int32_t c = static_cast<int32_t>(piece - first_piece[ti]);
-      Partial st;
-      if (task.chunks == 1) {
-        st.acc = acc.data();
-        attend(p, tables, task, 0, task.visible, qbuf.data(), kblock.data(), st);
-        store(p, task, st);
-      } else {
-        float* rec = partial.data() + (task.partial_offset + c) * kPartialFloats;
-        st.acc = rec + 2 * kHeadsPerTask;
-        const auto keys = chunk_keys(task, c);
-        attend(p, tables, task, keys.first, keys.second, qbuf.data(), kblock.data(), st);
-        std::copy(st.m, st.m + kHeadsPerTask, rec);
-        std::copy(st.l, st.l + kHeadsPerTask, rec + kHeadsPerTask);
-      }
-    }
-  });
-
-  // Merge the chunks of each split task: M = max m_c, l = sum l_c e^(m_c - M),
-  // acc = sum acc_c e^(m_c - M) (an empty chunk has m = -inf and weighs 0).
-  if (partials == 0) return;
-  at::parallel_for(0, n_tasks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> acc(kHeadsPerTask * kHeadDimV);
-    for (int64_t ti = begin; ti < end; ++ti) {
-      const Task& task = tasks[ti];
-      if (task.chunks == 1) continue;
-      Partial st;
-      st.acc = acc.data();
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int h = 0; h < task.nh; ++h) {
-        float m = -std::numeric_limits<float>::infinity();
-        for (int32_t c = 0; c < task.chunks; ++c) {
-          m = std::max(m, partial[(task.partial_offset + c) * kPartialFloats + h]);
-        }
-        float l = 0.f;
-        float* a = st.acc + h * kHeadDimV;
-        for (int32_t c = 0; c < task.chunks; ++c) {
-          const float* rec = partial.data() + (task.partial_offset + c) * kPartialFloats;
-          const float m_c = rec[h], l_c = rec[kHeadsPerTask + h];
-          if (m_c == -std::numeric_limits<float>::infinity() && !std::isnan(l_c)) continue;  // empty chunk
-          const float w = std::exp(m_c - m);
-          l += l_c * w;
-          const float* a_c = rec + 2 * kHeadsPerTask + h * kHeadDimV;
-          for (int d = 0; d < kHeadDimV; ++d) a[d] += w * a_c[d];
-        }
-        st.m[h] = m;
-        st.l[h] = l;
-      }
-      store(p, task, st);
-    }
-  });
+  TORCH_CHECK(unavailable == nullptr, "mla_decode: the CPU path '", cpu_path_name(opt.path),
+              "' cannot run on this CPU: ", unavailable ? unavailable : "", ".");
+  const CpuPath path = opt.path == CpuPath::kAuto ? cpu_auto_path() : opt.path;
+  const Plan plan = make_plan(p);
+  run_plan(p, plan, path, /*serial=*/false);
 }
 
 }  // namespace mla_decode

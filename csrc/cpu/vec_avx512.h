@@ -1,0 +1,423 @@
+// The AVX-512 half of the AVX-512 and AMX paths (included by kernel_avx512.cpp
+// and kernel_amx.cpp, each compiled with per-function target attributes, so
+// the build needs no global -m flags).
+//
+// Data flow of one piece (kernel_common.h), tiles of Mm::kTile keys (64 for
+// AVX-512, 128 for AMX), decoded and scored 16 keys at a time:
+//   Qt   once per piece and group: the group's 16 query rows as bf16 pairs,
+//        transposed to [chunk c < 18][pair k < 16][row r < 16] dwords, i.e.
+//        dword (q[r][32c+2k], q[r][32c+2k+1]). This is the B operand of the
+//        AMX QK product, and the 16-row vectors the AVX-512 QK multiplies.
+//   Kb   each tile: its keys decoded in registers to bf16 (exact: every fp8
+//        and E2M1 value is a bf16 value; the E8M0 scale is an exponent add),
+//        row-major [key][576]: the AMX QK A operand, the AVX-512 broadcasts.
+//   Vv   the same registers, keys interleaved in pairs: [pair i][d < 512 (+16 pad)]
+//        dwords (V[2i][d], V[2i+1][d]): the AMX PV B operand ("VNNI" layout)
+//        and the vectors of the AVX-512 PV.
+//   S    per group: logits transposed, [key][16 rows] fp32 (what an AMX tile
+//        with keys as rows gives; one vector holds the 16 rows of one key).
+//   P    per group: exp2 of the logits in fp32, summed into l in fp32, then
+//        bf16 pairs of keys: Yt [pair i][row r] (AVX-512 PV broadcasts),
+//        transposed to Pa [row r][pair i] for AMX (the PV A operand).
+//   O    per group: [16 rows][512 (+16 pad)] fp32, accumulated over the piece.
+// Softmax is online in the log2 domain with a lazy rescale: a row's reference
+// max moves only when a tile's max exceeds it by more than kLazyRescale (2^8),
+// so probabilities stay <= 256 and O is rescaled rarely (exact all the same:
+// out = O / l and lse = m + log l hold for any reference m).
+// Only the fp8 tensor scale stays out of the decoded values: it is folded
+// into the logit scale and into the output (CallScales).
+#pragma once
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "common/addressing.h"
+#include "common/formats.h"
+#include "cpu/kernel_common.h"
+
+// AVX512F: every helper without bf16 instructions (also run by avx512_fp32
+// on CPUs without AVX-512 BF16); AVX512: the bf16 users.
+#define MLA_TARGET_AVX512F __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi2")))
+#define MLA_TARGET_AVX512 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,bmi2")))
+#define MLA_TARGET_AMX \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,bmi2,amx-tile,amx-bf16")))
+
+namespace mla_decode {
+namespace cpu {
+namespace vec {
+
+// MLA_CPU_PROFILE (a measurement build only, e.g. CFLAGS=-DMLA_CPU_PROFILE):
+// time-stamp-counter totals per phase of run_piece, printed at exit.
+#ifdef MLA_CPU_PROFILE
+enum Phase { kDecode, kQk, kSoftmax, kTranspose, kPv, kPhases };
+inline uint64_t g_phase_ticks[2][kPhases];  // [AMX?][phase]; racy sums, good enough for a profile
+#define MLA_PROFILE_START() uint64_t mla_t0_ = __rdtsc()
+#define MLA_PROFILE_LAP(amx, phase)                                   \
+  do {                                                                \
+    const uint64_t t1_ = __rdtsc();                                   \
+    g_phase_ticks[amx][phase] += t1_ - mla_t0_;                       \
+    mla_t0_ = t1_;                                                    \
+  } while (0)
+#else
+#define MLA_PROFILE_START() (void)0
+#define MLA_PROFILE_LAP(amx, phase) (void)0
+#endif
+
+constexpr int kMaxTileKeys = 128;  // the largest Mm::kTile
+constexpr int kSubTile = 16;       // keys decoded (and scored) together
+constexpr int kChunks = kHeadDimQK / 32;         // 18 chunks of 32 dims (one MX block each)
+constexpr int kRowDwords = kHeadDimQK / 2;       // 288 bf16 pairs per key row
+constexpr int kQtDwords = kChunks * 16 * 16;     // one group's Qt
+constexpr int kVvRow = kHeadDimV + 16;           // dwords between key pairs of Vv (padded as kORow)
+constexpr float kLazyRescale = 8.f;              // log2 units
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+constexpr int kPaRow = kMaxTileKeys / 2;        // dwords between rows of Pa
+
+// Per-thread buffers of a piece (64-byte aligned; about 500 KB).
+struct alignas(64) Scratch {
+  uint32_t qt[kMaxGroupsPerPiece * kQtDwords];
+  uint32_t kb[kMaxTileKeys * kRowDwords];
+  uint32_t vv[kMaxTileKeys / 2 * kVvRow];
+  float s[kMaxGroupsPerPiece * kMaxTileKeys * 16];  // per group: [key][16 rows]
+  float c4[4 * 256];                                 // AMX: four partial S tiles of one sub-tile
+  uint32_t yt[kMaxTileKeys / 2 * 16];
+  uint32_t pa[16 * kPaRow];
+  float m2[kMaxGroupsPerPiece * 16];  // reference max per row, log2 units
+};
+
+// ---- exp2 ------------------------------------------------------------------
+// 2^x for x <= ~9: x = n + f with |f| <= 1/2, 2^f by a degree-6 polynomial
+// (relative error ~2e-7), times 2^n by vscalefps. x below -200 gives 0; NaN stays NaN.
+MLA_TARGET_AVX512F static inline __m512 exp2_ps(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-200.f), x);  // second operand returned for NaN
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 y = _mm512_set1_ps(1.5403530393381608e-4f);
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.3333558146428443e-3f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(9.6181291076284772e-3f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(5.5504108664821580e-2f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(2.4022650695910071e-1f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(6.9314718055994531e-1f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(y, n);
+}
+
+// ---- decoding one 32-element chunk of a cache row to 32 bf16 ---------------
+
+// e4m3 (bias 7, fn) or e4m3fnuz (bias 8): normal codes by moving the bits into
+// place and adding the exponent offset, subnormals from an 8-entry table, NaN
+// codes to the bf16 quiet NaN.
+template <bool kFnuz>
+MLA_TARGET_AVX512F static inline __m512i decode_fp8_chunk(const uint8_t* src) {
+  const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+  const __m512i mag = _mm512_and_si512(w, _mm512_set1_epi16(0x7F));
+  const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(w, _mm512_set1_epi16(0x80)), 8);
+  const __m512i normal = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16((kFnuz ? 119 : 120) << 7));
+  // m * 2^-9 (fn) or m * 2^-10 (fnuz) for m = 0..7, as bf16 bits.
+  const __m512i sub_table =
+      kFnuz ? _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x3BE0, 0x3BC0,
+                               0x3BA0, 0x3B80, 0x3B40, 0x3B00, 0x3A80, 0)
+            : _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x3C60, 0x3C40,
+                               0x3C20, 0x3C00, 0x3BC0, 0x3B80, 0x3B00, 0);
+  const __mmask32 is_sub = _mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(8));
+  __m512i v = _mm512_mask_blend_epi16(is_sub, normal, _mm512_permutexvar_epi16(mag, sub_table));
+  v = _mm512_or_si512(v, sign);
+  const __mmask32 is_nan = kFnuz ? _mm512_cmpeq_epi16_mask(w, _mm512_set1_epi16(0x80))
+                                 : _mm512_cmpeq_epi16_mask(mag, _mm512_set1_epi16(0x7F));
+  return _mm512_mask_mov_epi16(v, is_nan, _mm512_set1_epi16(0x7FC0));
+}
+
+// One MX block: 16 bytes of E2M1 pairs (even element in the low nibble) and
+// its E8M0 byte. The nibbles become bf16 by a 16-entry word permute; the
+// scale 2^(e-127) is added to the exponent field of every non-zero value,
+// exact while the result stays a normal bf16 (2 <= e <= 252); other blocks
+// (never produced by the quantiser for finite data) take the fp32 product of
+// formats.h rounded to bf16 (e = 255 gives NaN).
+MLA_TARGET_AVX512F static inline __m512i decode_mxfp4_chunk(const uint8_t* src, uint8_t e) {
+  if (e < 2 || e > 252) {
+    alignas(64) uint16_t out[32];
+    const float s = e8m0_to_float(e);
+    for (int k = 0; k < 16; ++k) {
+      for (int half = 0; half < 2; ++half) {
+        const float f = e2m1_to_float(half ? src[k] >> 4 : src[k] & 0xF) * s;
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        uint16_t h;
+        if ((u & 0x7FFFFFFFu) > 0x7F800000u) {
+          h = 0x7FC0;
+        } else {
+          h = static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+        }
+        out[2 * k + half] = h;
+      }
+    }
+    return _mm512_load_si512(out);
+  }
+  const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+  // word 2k = low nibble of byte k, word 2k+1 = its high nibble
+  const __m512i nib = _mm512_or_si512(_mm512_and_si512(d, _mm512_set1_epi32(0xF)),
+                                      _mm512_slli_epi32(_mm512_and_si512(d, _mm512_set1_epi32(0xF0)), 12));
+  const __m512i table = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                         static_cast<short>(0xC0C0), static_cast<short>(0xC080),
+                                         static_cast<short>(0xC040), static_cast<short>(0xC000),
+                                         static_cast<short>(0xBFC0), static_cast<short>(0xBF80),
+                                         static_cast<short>(0xBF00), static_cast<short>(0x8000),
+                                         0x40C0, 0x4080, 0x4040, 0x4000, 0x3FC0, 0x3F80, 0x3F00, 0);
+  const __m512i v = _mm512_permutexvar_epi16(nib, table);
+  const __mmask32 nonzero = _mm512_test_epi16_mask(v, _mm512_set1_epi16(0x7FFF));
+  return _mm512_mask_add_epi16(v, nonzero, v, _mm512_set1_epi16(static_cast<short>((static_cast<int>(e) - 127) << 7)));
+}
+
+// Chunk c of cache row `row`.
+MLA_TARGET_AVX512F static inline __m512i decode_chunk(const MlaDecodeParams& p, const uint8_t* row_ptr, int64_t row,
+                                                     int c) {
+  switch (p.format) {
+    case KvFormat::kBf16: return _mm512_loadu_si512(row_ptr + 64 * c);
+    case KvFormat::kFp8E4M3FN: return decode_fp8_chunk<false>(row_ptr + 32 * c);
+    case KvFormat::kFp8E4M3FNUZ: return decode_fp8_chunk<true>(row_ptr + 32 * c);
+    case KvFormat::kMxfp4:
+      return decode_mxfp4_chunk(row_ptr + 16 * c, p.mx_scale[row * p.mx_scale_stride_row + c * p.mx_scale_stride_col]);
+  }
+  return _mm512_setzero_si512();
+}
+
+// Into L2 (T1): the next tile's rows would evict the current tile from L1.
+MLA_TARGET_AVX512F static inline void prefetch_row(const MlaDecodeParams& p, const uint8_t* row_ptr) {
+  const int bytes = p.format == KvFormat::kBf16 ? 2 * kHeadDimQK
+                    : p.format == KvFormat::kMxfp4 ? kMxfp4RowBytes : kHeadDimQK;
+  for (int off = 0; off < bytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(row_ptr) + off, _MM_HINT_T1);
+}
+
+// Decodes keys [k_begin, k_end) of the tile starting at key j0 of item b
+// (k_begin even; a pair's second key at or beyond nv is zero) into Kb and Vv,
+// and prefetches into L2 the rows `ahead` keys further (before prefetch_end).
+MLA_TARGET_AVX512F static inline void decode_keys(const MlaDecodeParams& p, int32_t b, int32_t j0, int k_begin,
+                                                  int k_end, int nv, int ahead, int32_t prefetch_end, Scratch& sc) {
+  const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                          37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi_idx = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23, 54,
+                                          22, 53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
+  const uint8_t* kv = static_cast<const uint8_t*>(p.kv);
+  for (int j = k_begin; j < k_end; j += 2) {
+    for (int u = 0; u < 2; ++u) {
+      const int32_t pj = j0 + ahead + j + u;
+      if (pj < prefetch_end) prefetch_row(p, kv + kv_row(p, b, pj) * p.kv_row_stride_bytes);
+    }
+    const int64_t r0 = kv_row(p, b, j0 + j);
+    const bool has1 = j + 1 < nv;
+    const int64_t r1 = has1 ? kv_row(p, b, j0 + j + 1) : r0;
+    const uint8_t* p0 = kv + r0 * p.kv_row_stride_bytes;
+    const uint8_t* p1 = kv + r1 * p.kv_row_stride_bytes;
+    uint32_t* k0 = sc.kb + j * kRowDwords;
+    uint32_t* k1 = k0 + kRowDwords;
+    uint32_t* vrow = sc.vv + (j / 2) * kVvRow;
+    for (int c = 0; c < kChunks; ++c) {
+      const __m512i a = decode_chunk(p, p0, r0, c);
+      const __m512i bb = has1 ? decode_chunk(p, p1, r1, c) : _mm512_setzero_si512();
+      _mm512_store_si512(k0 + 16 * c, a);
+      _mm512_store_si512(k1 + 16 * c, bb);
+      if (c < kHeadDimV / 32) {
+        _mm512_store_si512(vrow + 32 * c, _mm512_permutex2var_epi16(a, lo_idx, bb));
+        _mm512_store_si512(vrow + 32 * c + 16, _mm512_permutex2var_epi16(a, hi_idx, bb));
+      }
+    }
+  }
+}
+
+// Zero V pairs from the one after key nv - 1 up to the end of its 32-key step.
+MLA_TARGET_AVX512F static inline void zero_v_tail(int nv, Scratch& sc) {
+  const int pair_end = ((nv + 31) / 32) * 16;
+  for (int i = (nv + 1) / 2; i < pair_end; ++i) {
+    for (int c = 0; c < kHeadDimV / 16; ++c) _mm512_store_si512(sc.vv + i * kVvRow + 16 * c, _mm512_setzero_si512());
+  }
+}
+
+// Zeroes the V of keys [from, to) of the tile (to <= the decoded count's
+// 32-key step), for a group that sees fewer keys than the tile holds.
+MLA_TARGET_AVX512F static inline void zero_v_keys(int from, int to, Scratch& sc) {
+  for (int j = from; j < to; ++j) {
+    const __mmask32 half = (j & 1) ? 0xAAAAAAAAu : 0x55555555u;
+    uint32_t* vrow = sc.vv + (j / 2) * kVvRow;
+    for (int c = 0; c < kHeadDimV / 16; ++c) _mm512_mask_storeu_epi16(vrow + 16 * c, half, _mm512_setzero_si512());
+  }
+}
+
+// Qt of one group (rows >= nh are zero).
+MLA_TARGET_AVX512F static inline void build_qt(const MlaDecodeParams& p, const GroupDesc& gd, uint32_t* qt) {
+  memset(qt, 0, kQtDwords * 4);
+  const uint16_t* qbase = static_cast<const uint16_t*>(p.q);
+  for (int r = 0; r < gd.nh; ++r) {
+    const uint32_t* q = reinterpret_cast<const uint32_t*>(qbase + static_cast<int64_t>(gd.q_row) * p.q_stride_token +
+                                                          static_cast<int64_t>(gd.h0 + r) * p.q_stride_head);
+    for (int dw = 0; dw < kRowDwords; ++dw) qt[(dw >> 4) * 256 + (dw & 15) * 16 + r] = q[dw];
+  }
+}
+
+// Online-softmax step of one group over the tile's first nk keys (S holds
+// their raw dot products; they become log2-domain logits): updates m2,
+// rescales l and O where the reference max moves; returns the reference max.
+MLA_TARGET_AVX512F static inline __m512 softmax_update(int nk, float logit_scale_log2, float* s, float* m2, float* l,
+                                                      float* O) {
+  const __m512 scale = _mm512_set1_ps(logit_scale_log2);
+  __m512 bm = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int k = 0; k < nk; ++k) {
+    const __m512 x = _mm512_mul_ps(_mm512_load_ps(s + 16 * k), scale);
+    _mm512_store_ps(s + 16 * k, x);
+    bm = _mm512_max_ps(bm, x);
+  }
+  __m512 m = _mm512_loadu_ps(m2);
+  const __mmask16 move = _mm512_cmp_ps_mask(bm, _mm512_add_ps(m, _mm512_set1_ps(kLazyRescale)), _CMP_GT_OQ);
+  if (move) {
+    const __m512 m_new = _mm512_mask_mov_ps(m, move, bm);
+    const __m512 alpha = exp2_ps(_mm512_sub_ps(m, m_new));  // 0 where m was -inf, 1 where m stays
+    _mm512_storeu_ps(l, _mm512_mul_ps(_mm512_loadu_ps(l), alpha));
+    alignas(64) float al[16];
+    _mm512_store_ps(al, alpha);
+    for (int r = 0; r < 16; ++r) {
+      if (!((move >> r) & 1)) continue;
+      const __m512 ar = _mm512_set1_ps(al[r]);
+      float* o = O + r * kORow;
+      for (int d = 0; d < kHeadDimV; d += 16) _mm512_store_ps(o + d, _mm512_mul_ps(_mm512_load_ps(o + d), ar));
+    }
+    m = m_new;
+    _mm512_storeu_ps(m2, m);
+  }
+  return m;
+}
+
+// p = 2^(x - m) for keys < nk, summed into l, written back into S as fp32.
+MLA_TARGET_AVX512F static inline void probs_fp32(int nk, __m512 m, float* s, float* l) {
+  __m512 lsum = _mm512_loadu_ps(l);
+  for (int k = 0; k < nk; ++k) {
+    const __m512 pk = exp2_ps(_mm512_sub_ps(_mm512_load_ps(s + 16 * k), m));
+    lsum = _mm512_add_ps(lsum, pk);
+    _mm512_store_ps(s + 16 * k, pk);
+  }
+  _mm512_storeu_ps(l, lsum);
+}
+
+// The same probabilities as bf16 key pairs in Yt, for every pair of the
+// 32-key steps that hold the nk keys (zero beyond nk); l sums them in fp32.
+MLA_TARGET_AVX512 static inline void probs_pairs(int nk, __m512 m, const float* s, float* l, uint32_t* yt) {
+  __m512 lsum = _mm512_loadu_ps(l);
+  const __m512i pair_idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                                            6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const int steps = (nk + 31) / 32 * 32;
+  for (int k = 0; k < steps; k += 2) {
+    __m512 p0 = _mm512_setzero_ps(), p1 = _mm512_setzero_ps();
+    if (k < nk) p0 = exp2_ps(_mm512_sub_ps(_mm512_load_ps(s + 16 * k), m));
+    if (k + 1 < nk) p1 = exp2_ps(_mm512_sub_ps(_mm512_load_ps(s + 16 * (k + 1)), m));
+    lsum = _mm512_add_ps(lsum, _mm512_add_ps(p0, p1));
+    // words 0..15: p0 of rows 0..15, 16..31: p1; then interleave to (p0[r], p1[r]) dwords
+    const __m512i packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p1, p0));
+    _mm512_store_si512(yt + 8 * k, _mm512_permutexvar_epi16(pair_idx, packed));
+  }
+  _mm512_storeu_ps(l, lsum);
+}
+
+// 16 x 16 dword transpose: dst[c * dst_stride + r] = src[r * src_stride + c].
+MLA_TARGET_AVX512F static inline void transpose16x16(const uint32_t* src, int src_stride, uint32_t* dst,
+                                                    int dst_stride) {
+  __m512i r[16], a[16], bq[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + i * src_stride);
+  for (int k = 0; k < 8; ++k) {
+    a[2 * k] = _mm512_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
+    a[2 * k + 1] = _mm512_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    bq[4 * k] = _mm512_unpacklo_epi64(a[4 * k], a[4 * k + 2]);
+    bq[4 * k + 1] = _mm512_unpackhi_epi64(a[4 * k], a[4 * k + 2]);
+    bq[4 * k + 2] = _mm512_unpacklo_epi64(a[4 * k + 1], a[4 * k + 3]);
+    bq[4 * k + 3] = _mm512_unpackhi_epi64(a[4 * k + 1], a[4 * k + 3]);
+  }
+  // bq[4k + j], 128-bit lane L: column 4L + j of rows 4k .. 4k + 3.
+  for (int j = 0; j < 4; ++j) {
+    const __m512i c0 = _mm512_shuffle_i32x4(bq[j], bq[4 + j], 0x44);
+    const __m512i c1 = _mm512_shuffle_i32x4(bq[j], bq[4 + j], 0xEE);
+    const __m512i c2 = _mm512_shuffle_i32x4(bq[8 + j], bq[12 + j], 0x44);
+    const __m512i c3 = _mm512_shuffle_i32x4(bq[8 + j], bq[12 + j], 0xEE);
+    _mm512_storeu_si512(dst + (0 + j) * dst_stride, _mm512_shuffle_i32x4(c0, c2, 0x88));
+    _mm512_storeu_si512(dst + (4 + j) * dst_stride, _mm512_shuffle_i32x4(c0, c2, 0xDD));
+    _mm512_storeu_si512(dst + (8 + j) * dst_stride, _mm512_shuffle_i32x4(c1, c3, 0x88));
+    _mm512_storeu_si512(dst + (12 + j) * dst_stride, _mm512_shuffle_i32x4(c1, c3, 0xDD));
+  }
+}
+
+// One piece on the vector data flow above; Mm supplies the two products:
+//   Mm::kTile                  keys per tile (64 or 128)
+//   Mm::qk(sc, qt, k0, s)      S rows k0 .. k0 + 15 of one group from Kb rows
+//                              k0 .. k0 + 15 (called right after they are
+//                              decoded, while they are in L1) and the group's Qt
+//   Mm::pv(sc, O, nk, nh)      O += P V over the 32-key steps holding nk keys
+//   Mm::kNeedsPa               whether pv reads Pa (else Yt)
+//   Mm::begin() / Mm::end()    around the piece (AMX tile configuration)
+template <class Mm>
+MLA_TARGET_AVX512 void run_piece(const PieceArgs& a, const CallScales& cs) {
+  static_assert(Mm::kTile % 32 == 0 && Mm::kTile <= kMaxTileKeys, "tile size");
+  const MlaDecodeParams& p = *a.p;
+  Scratch& sc = thread_scratch<Scratch>();
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (int g = 0; g < a.ng; ++g) {
+    for (int r = 0; r < 16; ++r) {
+      sc.m2[g * 16 + r] = neg_inf;
+      a.l[g * 16 + r] = 0.f;
+    }
+    float* O = a.O + static_cast<int64_t>(g) * kOFloats;
+    for (int d = 0; d < kOFloats; d += 16) _mm512_store_ps(O + d, _mm512_setzero_ps());
+  }
+  const int32_t key_end = std::min(a.key_end, a.groups[a.ng - 1].visible);
+  if (key_end > a.key_begin) {
+    for (int g = 0; g < a.ng; ++g) build_qt(p, a.groups[g], sc.qt + g * kQtDwords);
+    const float logit_scale_log2 = cs.qk * kLog2e;
+    Mm::begin();
+    for (int32_t j0 = a.key_begin; j0 < key_end; j0 += Mm::kTile) {
+      const int nv = std::min<int32_t>(Mm::kTile, key_end - j0);
+      for (int k0 = 0; k0 < nv; k0 += kSubTile) {
+        MLA_PROFILE_START();
+        decode_keys(p, a.b, j0, k0, std::min(nv, k0 + kSubTile), nv, Mm::kTile, key_end, sc);
+        MLA_PROFILE_LAP(Mm::kNeedsPa, kDecode);
+        for (int g = 0; g < a.ng; ++g) {
+          if (a.groups[g].visible - j0 <= k0) continue;  // the group sees none of these keys
+          Mm::qk(sc, sc.qt + g * kQtDwords, k0, sc.s + g * (kMaxTileKeys * 16));
+        }
+        MLA_PROFILE_LAP(Mm::kNeedsPa, kQk);
+      }
+      zero_v_tail(nv, sc);
+      int valid_v = nv;  // keys of the tile whose V is still in Vv
+      for (int g = a.ng - 1; g >= 0; --g) {  // latest token (most keys) first
+        const int nk = std::min<int32_t>(nv, a.groups[g].visible - j0);
+        if (nk <= 0) break;  // earlier groups see fewer keys still
+        MLA_PROFILE_START();
+        if (nk < valid_v) {
+          zero_v_keys(nk, valid_v, sc);
+          valid_v = nk;
+        }
+        float* O = a.O + static_cast<int64_t>(g) * kOFloats;
+        float* s = sc.s + g * (kMaxTileKeys * 16);
+        const __m512 m_ref = softmax_update(nk, logit_scale_log2, s, sc.m2 + g * 16, a.l + g * 16, O);
+        probs_pairs(nk, m_ref, s, a.l + g * 16, sc.yt);
+        MLA_PROFILE_LAP(Mm::kNeedsPa, kSoftmax);
+        if (Mm::kNeedsPa) {
+          for (int h = 0; h < (nk + 31) / 32 * 16; h += 16) transpose16x16(sc.yt + h * 16, 16, sc.pa + h, kPaRow);
+        }
+        MLA_PROFILE_LAP(Mm::kNeedsPa, kTranspose);
+        Mm::pv(sc, O, nk, a.groups[g].nh);
+        MLA_PROFILE_LAP(Mm::kNeedsPa, kPv);
+      }
+    }
+    Mm::end();
+  }
+  for (int i = 0; i < a.ng * 16; ++i) a.m[i] = sc.m2[i] * kLn2;  // -inf stays -inf
+}
+
+}  // namespace vec
+}  // namespace cpu
+}  // namespace mla_decode
