@@ -158,6 +158,12 @@ def build_extension():
     debug = env_flag("MLA_DECODE_DEBUG") is True
     cxx_flags = ["-O0", "-g"] if debug else ["-O3"]
     cxx_flags += ["-std=c++17", "-DMLA_DECODE_BUILD"]
+    # at::parallel_for of an OpenMP build of ATen is an inline `#pragma omp parallel`: without
+    # -fopenmp the CPU kernel would run every piece on the calling thread.
+    link_flags = []
+    if torch.backends.openmp.is_available():
+        cxx_flags.append("-fopenmp")
+        link_flags.append("-fopenmp")
     # Host C++ of every build: the operators (csrc/api, but the GPU dispatcher),
     # the plan (csrc/plan: plain C++, so the CPU build tests it) and the CPU kernel.
     sources = sorted(rel(p) for p in (CSRC / "api").glob("*.cpp") if p.name != "dispatch_cuda.cpp")
@@ -169,7 +175,7 @@ def build_extension():
               f"(torch {torch.__version__}: cuda={torch.version.cuda}, hip={torch.version.hip}, "
               f"CUDA_HOME={cpp_extension.CUDA_HOME})")
         ext = cpp_extension.CppExtension("mla_decode._C", sources, include_dirs=include_dirs,
-                                         extra_compile_args={"cxx": cxx_flags})
+                                         extra_compile_args={"cxx": cxx_flags}, extra_link_args=link_flags)
         return ext, backend
 
     # The GPU dispatcher, the launcher and combine (kernels/common), and each
@@ -197,7 +203,7 @@ def build_extension():
         nvcc_flags = ["-O3", "-std=c++17", "-DMLA_DECODE_WITH_HIP"]
         cxx = cxx_flags + ["-DMLA_DECODE_WITH_HIP"]
     ext = cpp_extension.CUDAExtension("mla_decode._C", sources + gpu_sources, include_dirs=include_dirs,
-                                      extra_compile_args={"cxx": cxx, "nvcc": nvcc_flags})
+                                      extra_compile_args={"cxx": cxx, "nvcc": nvcc_flags}, extra_link_args=link_flags)
     return ext, backend
 
 
