@@ -83,8 +83,8 @@ def test_split_calls_with_growing_rows_and_graph_replays_in_between(fmt):
     """Split calls of different inputs, row counts (300 tokens x 16 heads, then 4 x 16) and split
     counts, enqueued back to back on one stream with a CUDA-graph replay of another split call
     between them, checked only at the end: no state of one call (workspace, partials, anything a
-    combine hand-off might keep, such as docs/experiments/combine-tickets.patch's per-row
-    counters) may leak into the next, or let a combine read partials before they are written."""
+    combine hand-off might keep, such as the per-row tickets of a combine that was tried and not
+    kept) may leak into the next, or let a combine read partials before they are written."""
     big = make_case(fmt, "indptr", 16, 1, [40 + (i % 7) for i in range(300)], seed=54, device=DEV)
     small = make_case(fmt, "indptr", 16, 1, [700, 5, 0, 64], seed=55, device=DEV)
     static = make_case(fmt, "indptr", 16, 1, [600, 90], seed=56, device=DEV)

@@ -17,9 +17,10 @@
 //     mla_pack_bf16x2() (not __nv_bfloat162 types: ROCm < 6 has no hip_bf16.h);
 //   * no `std::max(` / `std::min(` in .cu files: hipify rewrites those
 //     spellings to `::max(` / `::min(` (write std::max<T>( instead);
-//   * matrix instructions live behind MLA_HAS_MMA_SYNC (NVIDIA sm_80+) and
-//     MLA_HAS_MFMA (AMD CDNA3/CDNA4) in the kernel files, with a plain-FMA
-//     path for anything else.
+//   * matrix instructions stay in their family's kernel folder: mma.sync in
+//     kernels/sm80 (every NVIDIA build is sm_80+, setup.py refuses older
+//     archs), wgmma and TMA in kernels/sm90 (sm_90a device code only), MFMA
+//     in kernels/cdna (MLA_HAS_MFMA below: the CDNA targets).
 #pragma once
 
 // Device qualifiers only under a device compiler: a ROCm build passes
@@ -110,12 +111,6 @@ __device__ __forceinline__ uint32_t mla_pack_bf16x2(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
 }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-#define MLA_HAS_MMA_SYNC 1
-#endif
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-#define MLA_HAS_CVT_E4M3 1
-#endif
 constexpr int MLA_MAX_SMEM_BYTES = 227 * 1024;  // sm_90 opt-in limit per block
 
 #endif  // MLA_PLATFORM_HIP
