@@ -434,31 +434,9 @@ __device__ __forceinline__ void split_kernel(const DecodeLaunch& args) {
         sv[0] += x.x;
         sv[1] += x.y;
       }
-      const int pos0 = kv_begin + it * kBlockN + sm_col;
-      float tile_max = -MLA_INF;
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        sv[e] *= scale_log2;
-        if (pos0 + e >= kv_end) sv[e] = -MLA_INF;
-        else if (smem.flag[sm_col + e]) sv[e] = MLA_NAN;
-        tile_max = fmaxf(tile_max, sv[e]);
-      }
-#pragma unroll
-      for (int off = 1; off < kRowThreads; off <<= 1) tile_max = fmaxf(tile_max, mla_shfl_xor(tile_max, off));
-      const float m_new = fmaxf(m_run, tile_max);
-      const bool none = m_new == -MLA_INF;
-      const float alpha = none ? 1.f : fast_exp2(m_run - m_new);
       float pv[2];
-      float psum = 0.f;
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        pv[e] = fast_exp2(sv[e] - (none ? 0.f : m_new));  // NaN stays NaN (see mfma_kernel.cuh)
-        psum += pv[e];
-      }
-#pragma unroll
-      for (int off = 1; off < kRowThreads; off <<= 1) psum += mla_shfl_xor(psum, off);
-      l_run = l_run * alpha + psum;
-      m_run = m_new;
+      const float alpha = softmax_step<kRowThreads>(sv, kv_begin + it * kBlockN + sm_col, kv_end,
+                                                    &smem.flag[sm_col], scale_log2, pv, m_run, l_run);
       *reinterpret_cast<uint32_t*>(&smem.p[sm_row][sm_col]) = mla_pack_bf16x2(pv[0], pv[1]);
       if (tid % kRowThreads == 0) smem.alpha[sm_row] = alpha;
     }

@@ -261,6 +261,45 @@ __device__ __forceinline__ float fast_log2(float x) {
 #endif
 }
 
+// One online-softmax step of a row's two scores of a 32-key stage, shared by
+// both MFMA kernels (kRowThreads lanes hold a row, two tokens each). `sv`:
+// the row's summed partial scores of tokens pos0, pos0 + 1; masked past
+// kv_end (-inf) and NaN where `bad` flags a bad index; scaled by scale_log2
+// (log2 domain). Returns the rescale factor of the row's earlier state,
+// writes the probabilities relative to the new running maximum into pv and
+// updates (m_run, l_run). With no finite score yet, sv is -inf (masked) or
+// NaN (bad index): exp2 gives 0 or NaN, so a row whose keys in this split
+// are all bad still ends up NaN (docs/amd.md, "Differences from the CUDA
+// kernel").
+template <int kRowThreads>
+__device__ __forceinline__ float softmax_step(float (&sv)[2], int pos0, int kv_end, const int32_t* bad,
+                                              float scale_log2, float (&pv)[2], float& m_run, float& l_run) {
+  float tile_max = -MLA_INF;
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    sv[e] *= scale_log2;
+    if (pos0 + e >= kv_end) sv[e] = -MLA_INF;
+    else if (bad[e]) sv[e] = MLA_NAN;
+    tile_max = fmaxf(tile_max, sv[e]);
+  }
+#pragma unroll
+  for (int off = 1; off < kRowThreads; off <<= 1) tile_max = fmaxf(tile_max, mla_shfl_xor(tile_max, off));
+  const float m_new = fmaxf(m_run, tile_max);
+  const bool none = m_new == -MLA_INF;
+  const float alpha = none ? 1.f : fast_exp2(m_run - m_new);
+  float psum = 0.f;
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    pv[e] = fast_exp2(sv[e] - (none ? 0.f : m_new));
+    psum += pv[e];
+  }
+#pragma unroll
+  for (int off = 1; off < kRowThreads; off <<= 1) psum += mla_shfl_xor(psum, off);
+  l_run = l_run * alpha + psum;
+  m_run = m_new;
+  return alpha;
+}
+
 __device__ __forceinline__ f32x4_t mfma_bf16(u32x2_t a, u32x2_t b, f32x4_t c) {
 #if defined(MLA_HAS_MFMA) || !defined(__HIP_DEVICE_COMPILE__)
   return __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(__builtin_bit_cast(bf16x4_t, a), __builtin_bit_cast(bf16x4_t, b),
@@ -676,35 +715,9 @@ __global__ void __launch_bounds__(kThreads) mla_decode_split_kernel_mfma(const D
         sv[0] += x.x;
         sv[1] += x.y;
       }
-      const int pos0 = kv_begin + it * kBlockN + sm_col;
-      float tile_max = -MLA_INF;
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        sv[e] *= scale_log2;
-        if (pos0 + e >= kv_end) sv[e] = -MLA_INF;
-        else if (smem.flag[sm_col + e]) sv[e] = MLA_NAN;
-        tile_max = fmaxf(tile_max, sv[e]);
-      }
-#pragma unroll
-      for (int off = 1; off < kRowThreads; off <<= 1) tile_max = fmaxf(tile_max, mla_shfl_xor(tile_max, off));
-      const float m_new = fmaxf(m_run, tile_max);
-      const bool none = m_new == -MLA_INF;
-      const float alpha = none ? 1.f : fast_exp2(m_run - m_new);
       float pv[2];
-      float psum = 0.f;
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        // With no finite score yet (none), sv is -inf (masked) or NaN (bad
-        // index): exp2 gives 0 or NaN, so a row whose keys in this split are
-        // all bad still ends up NaN (docs/amd.md, "Differences from the CUDA
-        // kernel").
-        pv[e] = fast_exp2(sv[e] - (none ? 0.f : m_new));
-        psum += pv[e];
-      }
-#pragma unroll
-      for (int off = 1; off < kRowThreads; off <<= 1) psum += mla_shfl_xor(psum, off);
-      l_run = l_run * alpha + psum;
-      m_run = m_new;
+      const float alpha = softmax_step<kRowThreads>(sv, kv_begin + it * kBlockN + sm_col, kv_end,
+                                                    &smem.flag[sm_col], scale_log2, pv, m_run, l_run);
       if constexpr (kF8) {
         // P * kFp8PScale as hi / lo fp8 terms (NaN -> NaN codes, 0 -> 0).
         const uint32_t c0 = fp8_split<kOcp>(pv[0] * Fm::kFp8PScale);
