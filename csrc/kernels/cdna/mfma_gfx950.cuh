@@ -501,45 +501,7 @@ __device__ __forceinline__ void split_kernel(const DecodeLaunch& args) {
   if (h >= p.num_heads) return;
   float out_scale = 1.f;
   if constexpr (kFp8) out_scale = *p.fp8_scale * Fm::kFp8Ratio;
-  const float l = smem.l[col];
-  const float m = smem.m[col];
-  float inv = l > 0.f ? out_scale / l : 0.f;
-  float lse = l > 0.f ? (m + fast_log2(l)) * 0.6931471805599453f : -MLA_INF;
-  if (__builtin_isnan(l) || orphan) {
-    inv = MLA_NAN;
-    lse = MLA_NAN;
-  }
-  // o[i][r] is value dim 128 wave + 32 g + 8 r + i: groups of 4 consecutive
-  // dims o[a + 0..3][r] start at 128 wave + 32 g + 8 r + a (a = 0, 4).
-  const int64_t row = static_cast<int64_t>(t) * p.num_heads + h;
-  const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
-  uint16_t* out_row = static_cast<uint16_t*>(p.out) + static_cast<int64_t>(t) * p.out_stride_token +
-                      static_cast<int64_t>(h) * p.out_stride_head + kVDimsPerWave * wave;
-  float* partial_row = args.num_splits == 1 ? nullptr
-                                            : args.partial_out + (static_cast<int64_t>(split) * rows + row) * kHeadDimV +
-                                                  kVDimsPerWave * wave;
-#pragma unroll
-  for (int a = 0; a < 8; a += 4) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int off = 32 * g + 8 * r + a;
-      const float v0 = o[a][r] * inv, v1 = o[a + 1][r] * inv, v2 = o[a + 2][r] * inv, v3 = o[a + 3][r] * inv;
-      if (args.num_splits == 1) {
-        uint32_t* d32 = reinterpret_cast<uint32_t*>(out_row + off);
-        d32[0] = mla_pack_bf16x2(v0, v1);
-        d32[1] = mla_pack_bf16x2(v2, v3);
-      } else {
-        *reinterpret_cast<f32x4_t*>(partial_row + off) = f32x4_t{v0, v1, v2, v3};
-      }
-    }
-  }
-  if (wave == 0 && g == 0) {
-    if (args.num_splits == 1) {
-      p.lse[static_cast<int64_t>(t) * p.lse_stride_token + static_cast<int64_t>(h) * p.lse_stride_head] = lse;
-    } else {
-      args.partial_lse[static_cast<int64_t>(split) * rows + row] = lse;
-    }
-  }
+  store_head_outputs<true>(args, t, h, split, wave, g, o, smem.m[col], smem.l[col], out_scale, orphan);
 }
 
 }  // namespace gfx950

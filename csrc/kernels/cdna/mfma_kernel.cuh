@@ -300,6 +300,58 @@ __device__ __forceinline__ float softmax_step(float (&sv)[2], int pos0, int kv_e
   return alpha;
 }
 
+// The epilogue's stores of head h of query token t (split `split`), shared by
+// both MFMA kernels: O^T's accumulators times 1 / l (times out_scale) into
+// out (one split) or this split's partial row, and the natural-log LSE (wave
+// 0's lanes of group 0). l = 0 gives 0 and -inf; a NaN sum or an orphan token
+// gives NaN. This lane holds dims of value-dim block 128 wave in groups of
+// four consecutive ones, o[a + 0..3][r] (a = 0, 4; r < 4), starting at
+//   kK32Layout (the 16x16x32 MFMAs' accumulators): o[i][r] is dim
+//     128 wave + 32 g + 8 r + i, so the group starts at 32 g + 8 r + a;
+//   else (16x16x16 bf16): o[4q + i][r] is dim 128 wave + 64 q + 16 g + 4 r + i,
+//     so it starts at 16 g + 64 (a / 4) + 4 r.
+template <bool kK32Layout>
+__device__ __forceinline__ void store_head_outputs(const DecodeLaunch& args, int t, int h, int split, int wave,
+                                                   int g, const f32x4_t (&o)[kVTiles], float m, float l,
+                                                   float out_scale, bool orphan) {
+  const MlaDecodeParams& p = args.p;
+  float inv = l > 0.f ? out_scale / l : 0.f;
+  float lse = l > 0.f ? (m + fast_log2(l)) * 0.6931471805599453f : -MLA_INF;
+  if (__builtin_isnan(l) || orphan) {
+    inv = MLA_NAN;
+    lse = MLA_NAN;
+  }
+  const int64_t row = static_cast<int64_t>(t) * p.num_heads + h;
+  const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
+  uint16_t* out_row = static_cast<uint16_t*>(p.out) + static_cast<int64_t>(t) * p.out_stride_token +
+                      static_cast<int64_t>(h) * p.out_stride_head + kVDimsPerWave * wave;
+  float* partial_row = args.num_splits == 1 ? nullptr
+                                            : args.partial_out + (static_cast<int64_t>(split) * rows + row) * kHeadDimV +
+                                                  kVDimsPerWave * wave;
+#pragma unroll
+  for (int a = 0; a < 8; a += 4) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int off = kK32Layout ? 32 * g + 8 * r + a : 16 * g + 64 * (a / 4) + 4 * r;
+      const float v0 = o[a][r] * inv, v1 = o[a + 1][r] * inv, v2 = o[a + 2][r] * inv, v3 = o[a + 3][r] * inv;
+      if (args.num_splits == 1) {
+        uint32_t* d32 = reinterpret_cast<uint32_t*>(out_row + off);
+        d32[0] = mla_pack_bf16x2(v0, v1);
+        d32[1] = mla_pack_bf16x2(v2, v3);
+      } else {
+        *reinterpret_cast<f32x4_t*>(partial_row + off) = f32x4_t{v0, v1, v2, v3};
+      }
+    }
+  }
+  if (wave == 0 && g == 0) {
+    if (args.num_splits == 1) {
+      p.lse[static_cast<int64_t>(t) * p.lse_stride_token + static_cast<int64_t>(h) * p.lse_stride_head] = lse;
+    } else {
+      args.partial_lse[static_cast<int64_t>(split) * rows + row] = lse;
+    }
+  }
+}
+
 __device__ __forceinline__ f32x4_t mfma_bf16(u32x2_t a, u32x2_t b, f32x4_t c) {
 #if defined(MLA_HAS_MFMA) || !defined(__HIP_DEVICE_COMPILE__)
   return __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(__builtin_bit_cast(bf16x4_t, a), __builtin_bit_cast(bf16x4_t, b),
@@ -795,48 +847,7 @@ __global__ void __launch_bounds__(kThreads) mla_decode_split_kernel_mfma(const D
   float out_scale = 1.f;
   if constexpr (kFp8) out_scale = *p.fp8_scale * Fm::kFp8Ratio;
   if constexpr (kF8) out_scale *= 1.f / Fm::kFp8PScale;  // O accumulated P * kFp8PScale
-  const float l = smem.l[col];
-  const float m = smem.m[col];
-  float inv = l > 0.f ? out_scale / l : 0.f;
-  float lse = l > 0.f ? (m + fast_log2(l)) * 0.6931471805599453f : -MLA_INF;
-  if (__builtin_isnan(l) || orphan) {
-    inv = MLA_NAN;
-    lse = MLA_NAN;
-  }
-  // Dims of this thread in groups of 4 consecutive ones: o[a + 0..3][r] (a = 0, 4;
-  // r < 4) starts at dim 128 wave + off, with
-  //   kF8 (fp8 MFMA layout):  o[i][r] is dim 128 wave + 32 g + 8 r + i, so off = 32 g + 8 r + a;
-  //   bf16 MFMA layout:       o[4q + i][r] is dim 128 wave + 64 q + 16 g + 4 r + i, so
-  //                           off = 16 g + 64 (a / 4) + 4 r.
-  const int64_t row = static_cast<int64_t>(t) * p.num_heads + h;
-  const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
-  uint16_t* out_row = static_cast<uint16_t*>(p.out) + static_cast<int64_t>(t) * p.out_stride_token +
-                      static_cast<int64_t>(h) * p.out_stride_head + kVDimsPerWave * wave;
-  float* partial_row = args.num_splits == 1 ? nullptr
-                                            : args.partial_out + (static_cast<int64_t>(split) * rows + row) * kHeadDimV +
-                                                  kVDimsPerWave * wave;
-#pragma unroll
-  for (int a = 0; a < 8; a += 4) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int off = kF8 ? 32 * g + 8 * r + a : 16 * g + 64 * (a / 4) + 4 * r;
-      const float v0 = o[a][r] * inv, v1 = o[a + 1][r] * inv, v2 = o[a + 2][r] * inv, v3 = o[a + 3][r] * inv;
-      if (args.num_splits == 1) {
-        uint32_t* d32 = reinterpret_cast<uint32_t*>(out_row + off);
-        d32[0] = mla_pack_bf16x2(v0, v1);
-        d32[1] = mla_pack_bf16x2(v2, v3);
-      } else {
-        *reinterpret_cast<f32x4_t*>(partial_row + off) = f32x4_t{v0, v1, v2, v3};
-      }
-    }
-  }
-  if (wave == 0 && g == 0) {
-    if (args.num_splits == 1) {
-      p.lse[static_cast<int64_t>(t) * p.lse_stride_token + static_cast<int64_t>(h) * p.lse_stride_head] = lse;
-    } else {
-      args.partial_lse[static_cast<int64_t>(split) * rows + row] = lse;
-    }
-  }
+  store_head_outputs<kF8>(args, t, h, split, wave, g, o, smem.m[col], smem.l[col], out_scale, orphan);
 #endif  // __gfx950__
 }
 
