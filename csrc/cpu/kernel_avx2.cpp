@@ -31,9 +31,6 @@ namespace cpu {
 namespace {
 
 constexpr int kTile = 32;
-constexpr float kLazyRescale = 8.f;
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 struct alignas(64) Avx2Scratch {
   float qt[kMaxGroupsPerPiece * kHeadDimQK * 16];
@@ -224,15 +221,7 @@ MLA_TARGET_AVX2 static void pv(const float* pk, const float* kf, int nk, int nh,
 MLA_TARGET_AVX2 static void run_piece(const PieceArgs& a, const CallScales& cs) {
   const MlaDecodeParams& p = *a.p;
   Avx2Scratch& sc = thread_scratch<Avx2Scratch>();
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  for (int g = 0; g < a.ng; ++g) {
-    for (int r = 0; r < 16; ++r) {
-      sc.m2[g * 16 + r] = neg_inf;
-      a.l[g * 16 + r] = 0.f;
-    }
-    float* O = a.O + static_cast<int64_t>(g) * kOFloats;
-    for (int d = 0; d < kOFloats; d += 8) _mm256_store_ps(O + d, _mm256_setzero_ps());
-  }
+  begin_piece_state(a, sc.m2);
   const int32_t key_end = std::min(a.key_end, a.groups[a.ng - 1].visible);
   if (key_end > a.key_begin) {
     for (int g = 0; g < a.ng; ++g) build_qt(p, a.groups[g], sc.qt + g * kHeadDimQK * 16);
@@ -250,7 +239,7 @@ MLA_TARGET_AVX2 static void run_piece(const PieceArgs& a, const CallScales& cs) 
       }
     }
   }
-  for (int i = 0; i < a.ng * 16; ++i) a.m[i] = sc.m2[i] * kLn2;
+  end_piece_state(a, sc.m2);
 }
 
 }  // namespace

@@ -188,15 +188,7 @@ MLA_TARGET_AVX512F static void pv32(const float* pk, const float* kf, int nk, in
 MLA_TARGET_AVX512F static void run_piece32(const PieceArgs& a, const CallScales& cs) {
   const MlaDecodeParams& p = *a.p;
   Scratch32& sc = thread_scratch<Scratch32>();
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  for (int g = 0; g < a.ng; ++g) {
-    for (int r = 0; r < 16; ++r) {
-      sc.m2[g * 16 + r] = neg_inf;
-      a.l[g * 16 + r] = 0.f;
-    }
-    float* O = a.O + static_cast<int64_t>(g) * kOFloats;
-    for (int d = 0; d < kOFloats; d += 16) _mm512_store_ps(O + d, _mm512_setzero_ps());
-  }
+  begin_piece_state(a, sc.m2);
   const int32_t key_end = std::min(a.key_end, a.groups[a.ng - 1].visible);
   if (key_end > a.key_begin) {
     for (int g = 0; g < a.ng; ++g) build_qt32(p, a.groups[g], sc.qt + g * kHeadDimQK * 16);
@@ -215,7 +207,7 @@ MLA_TARGET_AVX512F static void run_piece32(const PieceArgs& a, const CallScales&
       }
     }
   }
-  for (int i = 0; i < a.ng * 16; ++i) a.m[i] = sc.m2[i] * kLn2;
+  end_piece_state(a, sc.m2);
 }
 
 }  // namespace

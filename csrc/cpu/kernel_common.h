@@ -20,6 +20,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include <algorithm>
+#include <limits>
 #include <memory>
 #include <new>
 
@@ -83,6 +85,29 @@ T& thread_scratch() {
     if (!scratch) throw std::bad_alloc();
   }
   return *scratch;
+}
+
+// The vector paths' softmax runs in log2 units: scores times log2(e), exp2, and
+// the maxima back to natural log for the merge. A row's reference maximum is
+// kept until a score exceeds it by more than kLazyRescale (log2 units), so O is
+// rescaled rarely (probabilities stay below 2^kLazyRescale).
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kLazyRescale = 8.f;
+
+// The vector paths' running state of a piece before its first key: each row's
+// reference maximum m2 (log2 units, the path's ng x 16 array) -inf, its sum 0,
+// its O rows 0.
+inline void begin_piece_state(const PieceArgs& a, float* m2) {
+  std::fill(m2, m2 + a.ng * kGroupRows, -std::numeric_limits<float>::infinity());
+  std::fill(a.l, a.l + a.ng * kGroupRows, 0.f);
+  std::fill(a.O, a.O + static_cast<int64_t>(a.ng) * kOFloats, 0.f);
+}
+
+// ... and after its last key: the natural-log maxima the merge reads (-inf
+// stays -inf).
+inline void end_piece_state(const PieceArgs& a, const float* m2) {
+  for (int i = 0; i < a.ng * kGroupRows; ++i) a.m[i] = m2[i] * kLn2;
 }
 
 }  // namespace cpu

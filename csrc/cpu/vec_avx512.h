@@ -75,9 +75,6 @@ constexpr int kChunks = kHeadDimQK / 32;         // 18 chunks of 32 dims (one MX
 constexpr int kRowDwords = kHeadDimQK / 2;       // 288 bf16 pairs per key row
 constexpr int kQtDwords = kChunks * 16 * 16;     // one group's Qt
 constexpr int kVvRow = kHeadDimV + 16;           // dwords between key pairs of Vv (padded as kORow)
-constexpr float kLazyRescale = 8.f;              // log2 units
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 constexpr int kPaRow = kMaxTileKeys / 2;        // dwords between rows of Pa
 
@@ -364,15 +361,7 @@ MLA_TARGET_AVX512 void run_piece(const PieceArgs& a, const CallScales& cs) {
   static_assert(Mm::kTile % 32 == 0 && Mm::kTile <= kMaxTileKeys, "tile size");
   const MlaDecodeParams& p = *a.p;
   Scratch& sc = thread_scratch<Scratch>();
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  for (int g = 0; g < a.ng; ++g) {
-    for (int r = 0; r < 16; ++r) {
-      sc.m2[g * 16 + r] = neg_inf;
-      a.l[g * 16 + r] = 0.f;
-    }
-    float* O = a.O + static_cast<int64_t>(g) * kOFloats;
-    for (int d = 0; d < kOFloats; d += 16) _mm512_store_ps(O + d, _mm512_setzero_ps());
-  }
+  begin_piece_state(a, sc.m2);
   const int32_t key_end = std::min(a.key_end, a.groups[a.ng - 1].visible);
   if (key_end > a.key_begin) {
     for (int g = 0; g < a.ng; ++g) build_qt(p, a.groups[g], sc.qt + g * kQtDwords);
@@ -415,7 +404,7 @@ MLA_TARGET_AVX512 void run_piece(const PieceArgs& a, const CallScales& cs) {
     }
     Mm::end();
   }
-  for (int i = 0; i < a.ng * 16; ++i) a.m[i] = sc.m2[i] * kLn2;  // -inf stays -inf
+  end_piece_state(a, sc.m2);
 }
 
 }  // namespace vec
