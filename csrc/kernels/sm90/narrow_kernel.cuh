@@ -634,28 +634,25 @@ __global__ void __launch_bounds__(kThreads, 1)
       };
       using Buf0 = std::integral_constant<int, 0>;
       using Buf1 = std::integral_constant<int, 1>;
-      // Slots start empty: tiles 0 and 1 are stored without waiting. Then the
-      // codes of tile t + 2 are decoded, those of tile t + 4 fetched into the
-      // buffer just emptied, and tile t + 2 stored into tile t's slot once its
-      // PV is done.
+      // Tiles t and t + 1 in the two buffers: decode tile t, fetch tile t + 2
+      // into the buffer just emptied, store tile t into its slot once tile
+      // t - 2's PV is done (slots start empty); then the same for t + 1. One
+      // copy of each step per buffer: the loop must stay within the
+      // instruction cache, whose misses after other kernels ran (the L2
+      // flushed too) cost this kernel ~7 us per call when it held a separate
+      // prologue (docs/performance.md).
       fetch_tile(Buf0{}, 0);
       fetch_tile(Buf1{}, 1);
-      decode_tile(Buf0{});
-      fetch_tile(Buf0{}, 2);
-      store_tile(0);
-      decode_tile(Buf1{});
-      fetch_tile(Buf1{}, 3);
-      store_tile(1);
-      for (int t = 0; t + 2 < n_tiles; t += 2) {
+      for (int t = 0; t < n_tiles; t += 2) {
         decode_tile(Buf0{});
-        fetch_tile(Buf0{}, t + 4);
-        mbar_wait(mbar(kMbEmpty + 0), (t / kStages) & 1);  // tile t (slot 0) is done
-        store_tile(t + 2);
-        if (t + 3 >= n_tiles) break;
+        fetch_tile(Buf0{}, t + 2);
+        if (t >= kStages) mbar_wait(mbar(kMbEmpty + 0), ((t - kStages) / kStages) & 1);  // tile t - 2 (slot 0)
+        store_tile(t);
+        if (t + 1 >= n_tiles) break;
         decode_tile(Buf1{});
-        fetch_tile(Buf1{}, t + 5);
-        mbar_wait(mbar(kMbEmpty + 1), (t / kStages) & 1);  // tile t + 1 (slot 1)
-        store_tile(t + 3);
+        fetch_tile(Buf1{}, t + 3);
+        if (t >= kStages) mbar_wait(mbar(kMbEmpty + 1), ((t - kStages) / kStages) & 1);  // tile t - 1 (slot 1)
+        store_tile(t + 1);
       }
     }  // fp8 / MXFP4 producers
   }
