@@ -637,10 +637,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Tiles t and t + 1 in the two buffers: decode tile t, fetch tile t + 2
       // into the buffer just emptied, store tile t into its slot once tile
       // t - 2's PV is done (slots start empty); then the same for t + 1. One
-      // copy of each step per buffer: the loop must stay within the
-      // instruction cache, whose misses after other kernels ran (the L2
-      // flushed too) cost this kernel ~7 us per call when it held a separate
-      // prologue (docs/performance.md).
+      // copy of each step per buffer, no separate prologue: in a model's
+      // decode step other kernels run between two calls, so the first tiles
+      // fetch every instruction from L2 or DRAM, and that cost grows with the
+      // code (docs/performance.md, "Instruction cache").
       fetch_tile(Buf0{}, 0);
       fetch_tile(Buf1{}, 1);
       for (int t = 0; t < n_tiles; t += 2) {
