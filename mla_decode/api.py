@@ -187,19 +187,20 @@ class Plan:
     smem_bytes: int | None = None
     smem_limit: int | None = None
     stream_kv: bool | None = None  # TMA tile loads with the L2 evict_first hint
+    tma_tiles: bool | None = None  # the split kernel's tiles land by TMA
     error: str | None = None    # why the call cannot run as planned (a forced kernel that does not apply)
     rejected: dict = dataclasses.field(default_factory=dict)  # other kernel -> why it did not run
     fields: dict = dataclasses.field(default_factory=dict)    # every field the operator returned
 
     def __str__(self) -> str:
         parts = [self.kernel]
-        for name in ("splits", "head_groups", "stages", "smem_bytes", "stream_kv"):
+        for name in ("splits", "head_groups", "stages", "smem_bytes", "stream_kv", "tma_tiles"):
             value = getattr(self, name)
             if value not in (None, 0, False) or name == "splits" and value is not None:
                 parts.append(f"{name}={value}")
         extra = {k: v for k, v in self.fields.items()
                  if k not in ("kernel", "why", "splits", "head_groups", "stages", "smem", "smem_limit",
-                              "stream_kv", "error", "not")}
+                              "stream_kv", "tma_tiles", "error", "not")}
         parts += [f"{k}={v}" for k, v in extra.items()]
         text = " ".join(parts) + f": {self.why}"
         if self.error:
@@ -223,6 +224,7 @@ def _parse_plan(text: str) -> Plan:
     return Plan(kernel=fields.get("kernel", "?"), why=fields.get("why", ""), splits=num("splits"),
                 head_groups=num("head_groups"), stages=num("stages"), smem_bytes=num("smem"),
                 smem_limit=num("smem_limit"), stream_kv=bool(num("stream_kv")) if "stream_kv" in fields else None,
+                tma_tiles=bool(num("tma_tiles")) if "tma_tiles" in fields else None,
                 error=fields.get("error"), rejected=rejected, fields=fields)
 
 

@@ -115,6 +115,20 @@ def test_tma_forms_need_the_indptr_layout_and_tensor_maps():
     assert p.kernel == "narrow" and "tensor maps" in p.rejected["narrow_register_v"]
 
 
+def test_wide_bf16_tiles_land_by_tma_where_the_rows_allow():
+    # the wide kernel's bf16 form: TMA tiles on the indptr layout with tensor maps, cp.async otherwise
+    assert plan_of(64, 8192, "bf16", heads=128).tma_tiles
+    assert plan_of(64, 8192, "bf16", heads=128, layout="paged").kernel == "wide"
+    assert not plan_of(64, 8192, "bf16", heads=128, layout="paged").tma_tiles
+    assert not plan_of(64, 8192, "bf16", heads=128, device=DeviceFacts(tensor_maps=False)).tma_tiles
+    # fp8 and MXFP4 tiles go through the value warpgroups' registers
+    assert not plan_of(64, 8192, "fp8", heads=128).tma_tiles
+    assert not plan_of(64, 8192, "mxfp4", heads=128).tma_tiles
+    # the narrow kernel's bf16 form and the register-V kernel are TMA forms
+    assert plan_of(32, 8192, "bf16").tma_tiles and plan_of(32, 8192, "fp8").tma_tiles
+    assert "tma_tiles=True" in str(plan_of(64, 8192, "bf16", heads=128))
+
+
 def test_other_devices():
     # A100: no Hopper kernel; the mma.sync kernel with its default rings, one CTA per SM (164 KB)
     for fmt in ("bf16", "fp8", "mxfp4"):

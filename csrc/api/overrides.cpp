@@ -99,6 +99,7 @@ std::string describe_plan(const plan::Plan& plan, const MlaDecodeParams& p, cons
   std::string s = detail::message("kernel=", plan::kernel_name(plan.kernel), ";head_groups=", plan.head_groups,
                                   ";splits=", plan.num_splits, ";stages=", plan.stages, ";smem=", plan.smem_bytes,
                                   ";smem_limit=", plan.smem_limit, ";stream_kv=", plan.stream_kv ? 1 : 0,
+                                  ";tma_tiles=", plan.tma_tiles ? 1 : 0,
                                   ";why=", plan.why);
   if (plan.error != nullptr) s += detail::message(";error=", plan.error);
   std::string rejected;

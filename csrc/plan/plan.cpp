@@ -136,6 +136,10 @@ Plan wide_plan(const MlaDecodeParams& p, const DeviceFacts& d, int requested_spl
   Plan plan = split_count(p, d, requested_splits, 1, kHopperMinTilesPerSplit * kHopperTileTokens, false, kWideRows);
   plan.kernel = Kernel::kWide;
   plan.smem_bytes = kWideSmemBytes;
+  // bf16 tiles by TMA where the rows allow it: one thread issues a tile's nine
+  // boxes, where cp.async would take the value warpgroups ~1500 cycles of
+  // issue per tile (docs/performance.md).
+  plan.tma_tiles = p.format == KvFormat::kBf16 && why_not_tma_rows(p, d) == nullptr;
   return plan;
 }
 
@@ -144,6 +148,7 @@ Plan narrow_plan(const MlaDecodeParams& p, const DeviceFacts& d, int requested_s
       split_count(p, d, requested_splits, 1, kHopperMinTilesPerSplit * kHopperTileTokens, false, kNarrowRows);
   plan.kernel = kernel;
   plan.stream_kv = stream;
+  plan.tma_tiles = kernel == Kernel::kNarrowRegisterV || p.format == KvFormat::kBf16;
   plan.smem_bytes = kernel == Kernel::kNarrowRegisterV ? kNarrowRegisterVSmemBytes : kNarrowSmemBytes;
   return plan;
 }

@@ -65,6 +65,8 @@ struct Plan {
   int32_t smem_bytes = 0;      // dynamic shared memory of the split kernel
   int32_t smem_limit = 0;      // what the device (or Overrides::smem_limit) allows per block
   bool stream_kv = false;      // TMA tile loads with L2 evict_first (small cache, one head group)
+  bool tma_tiles = false;      // the tiles land by TMA: bf16 on the narrow kernel and (indptr layout) on the
+                               // wide kernel, the register-V kernel's codes
   bool programmatic_combine = false;  // the combine launches as a programmatic dependent (sm_90+)
   const char* why = "";        // the rule that chose the kernel
   const char* error = nullptr;  // non-null: this call cannot run as planned (a forced kernel that

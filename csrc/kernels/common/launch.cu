@@ -58,6 +58,7 @@ cudaError_t launch_decode(const MlaDecodeParams& p, const plan::Plan& plan, void
   args.q_per_item = (p.batch > 0 && p.total_q % p.batch == 0) ? p.total_q / p.batch : 0;
   args.stages = plan.stages;
   args.stream_kv = plan.stream_kv;
+  args.tma_tiles = plan.tma_tiles;
   args.partial_out = nullptr;
   args.partial_lse = nullptr;
   if (plan.num_splits > 1) {

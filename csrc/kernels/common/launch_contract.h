@@ -33,6 +33,7 @@ struct DecodeLaunch {
                        // token -> item lookup, checked on the device), else 0
   int32_t stages;      // Plan::stages (the mma.sync kernel's ring depth)
   bool stream_kv;      // Plan::stream_kv (TMA tile loads with L2 evict_first)
+  bool tma_tiles;      // Plan::tma_tiles (the wide kernel's bf16 form: tiles by TMA)
 };
 
 // The per-kernel launchers launch.cu dispatches to (each returns the launch

@@ -1,7 +1,7 @@
 // Opt-in timeline probes for the CUDA kernels (a measurement tool, not part of
 // any normal build; the mma.sync split kernel and the combine kernel carry
-// them). Built with -DMLA_DECODE_TRACE (setup.py adds it when MLA_DECODE_TRACE=1
-// is set at build time; scripts/trace_timeline.py reads the output), thread 0
+// TraceProbe, the wide kernel TileTrace). Built with -DMLA_DECODE_TRACE
+// (setup.py adds it when MLA_DECODE_TRACE=1 is set at build time; scripts/trace_timeline.py reads the output), thread 0
 // of a few CTAs records %globaltimer (ns, one clock for every SM and kernel)
 // at named points and prints one line at the end:
 //   TRACE <kernel> <blockIdx.x> <blockIdx.y> <t0> <t1 - t0> <t2 - t0> ...
@@ -53,6 +53,58 @@ struct TraceProbe {
   __device__ __forceinline__ void print(const char*) const {}
 #endif
 };
+
+// Per-tile event clocks of one thread (a measurement tool like TraceProbe):
+// clock64() (SM cycles: comparable between the warpgroups of one CTA) at
+// kEvents points of the tiles [first, first + kTiles), written to `dst` at
+// the end. No printf here: a call in a kernel makes ptxas serialise its
+// wgmmas (C7510), so the launcher of a trace build prints the buffer with a
+// second kernel (print_tile_trace).
+template <int kEvents, int kTiles>
+struct TileTrace {
+#if MLA_TRACE_ENABLED
+  long long c[kTiles][kEvents];
+  int first = 0;
+  bool on = false;
+  __device__ __forceinline__ void start(bool enabled, int first_tile) {
+    on = enabled;
+    first = first_tile;
+    for (int i = 0; i < kTiles; ++i)
+      for (int e = 0; e < kEvents; ++e) c[i][e] = -1;
+  }
+  __device__ __forceinline__ void mark(int tile, int event) {
+    const int i = tile - first;
+    if (on && i >= 0 && i < kTiles) c[i][event] = clock64();
+  }
+  __device__ __forceinline__ void write(long long* dst) const {
+    if (!on) return;
+    for (int i = 0; i < kTiles; ++i)
+      for (int e = 0; e < kEvents; ++e) dst[i * kEvents + e] = c[i][e];
+    dst[kTiles * kEvents] = first;
+  }
+#else
+  __device__ __forceinline__ void start(bool, int) {}
+  __device__ __forceinline__ void mark(int, int) {}
+  __device__ __forceinline__ void write(long long*) const {}
+#endif
+};
+
+#if MLA_TRACE_ENABLED
+// Prints `roles` TileTrace buffers of kEvents x kTiles (+ the first tile):
+//   TILES <role> <tile> <c0 - c0 of the first tile of role 0> ...
+template <int kEvents, int kTiles>
+__global__ void print_tile_trace(const long long* buf, int roles) {
+  const long long t0 = buf[0];
+  for (int r = 0; r < roles; ++r) {
+    const long long* b = buf + r * (kTiles * kEvents + 1);
+    for (int i = 0; i < kTiles; ++i) {
+      printf("TILES %d %lld", r, b[kTiles * kEvents] + i);
+      for (int e = 0; e < kEvents; ++e) printf(" %lld", b[i * kEvents + e] < 0 ? -1LL : b[i * kEvents + e] - t0);
+      printf("\n");
+    }
+  }
+}
+#endif
 
 }  // namespace cuda
 }  // namespace mla_decode

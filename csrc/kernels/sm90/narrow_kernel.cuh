@@ -57,34 +57,6 @@
 //
 #pragma once
 
-#include <cuda.h>
-
-// TMA tensor maps (the bf16 form's tiles, the fp8 register-V kernel's codes)
-// exist from CUDA 12.0; older toolkits compile these kernels with an opaque
-// stand-in for the kernel parameter, driver_encodes_tensor_maps() is false
-// there, and the plan never selects the TMA forms (plan.cpp, why_not_tma_rows).
-#if defined(CUDA_VERSION) && CUDA_VERSION >= 12000
-#define MLA_NARROW_HAS_TMA 1
-namespace mla_decode {
-namespace cuda {
-namespace sm90 {
-using CodeTensorMap = CUtensorMap;
-}  // namespace sm90
-}  // namespace cuda
-}  // namespace mla_decode
-#else
-#define MLA_NARROW_HAS_TMA 0
-namespace mla_decode {
-namespace cuda {
-namespace sm90 {
-struct alignas(64) CodeTensorMap {
-  unsigned long long opaque[16];
-};
-}  // namespace sm90
-}  // namespace cuda
-}  // namespace mla_decode
-#endif
-
 #include <math_constants.h>
 
 #include <type_traits>
@@ -95,6 +67,7 @@ struct alignas(64) CodeTensorMap {
 #include "kernels/common/work.cuh"
 #include "kernels/sm80/ptx_sm80.cuh"
 #include "kernels/sm90/ptx_sm90.cuh"
+#include "kernels/sm90/tensor_map.h"
 #include "kernels/sm90/tile_loader.cuh"
 
 namespace mla_decode {

@@ -19,7 +19,9 @@
 //   wg 1, 2 (values): O = alpha O + P V for value dims [256 (wg - 1), +256)
 //                    (wgmma m64n256k16, 4 k-steps, P K-major, V N-major: the
 //                    same stored tile read transposed), and all the loads of
-//                    K/V tiles (bf16: cp.async of 16-byte chunks; fp8 and
+//                    K/V tiles (bf16 on the indptr layout: thread 128 issues
+//                    a tile's nine TMA boxes; bf16 otherwise: cp.async of
+//                    16-byte chunks by all 256 threads; fp8 and
 //                    MXFP4: the codes of tile t+2 are loaded into registers
 //                    while tile t's PV runs and converted into its slot after
 //                    it: fp8 to f16, so both products run on f16 wgmma with Q
@@ -32,9 +34,10 @@
 //   Q        64 heads x 576 dims, 9 column blocks of 64 dims (8 KB each)
 //   K/V ring 2 x (64 keys x 576 dims), the same layout; rows past the
 //            split or with a bad index are zero-filled (PV multiplies every
-//            row by its P, so they must hold finite values)
+//            row by its P, so they must hold finite values; the TMA form
+//            zeroes the last tile's rows past the split after its QK)
 //   P        64 heads x 64 keys bf16 (one column block), alpha[2][64]
-// 230,760 bytes (225.4 KiB) in all (Smem below).
+// 230,904 bytes (225.5 KiB) in all (Smem below).
 //
 // Synchronisation. Between wg 0 and wg 1, 2: mbarriers (arrive with release,
 // wait with acquire; enum MBarrier), each completing one phase per tile, and
@@ -44,6 +47,10 @@
 //               waits before its QK. Tile t+2 is issued into the slot only
 //               after tile t's PV, which waits for p_full of tile t, which wg 0
 //               arrives at after its wait.
+//   block[slot][9]  the TMA form instead of full: each box of 64 keys x 64
+//               dims completes its own barrier (one arrival with its byte
+//               count), and wg 0 waits for column block j before QK's four
+//               k-steps on it, so the products start as the tile lands.
 //   p_full      wg 0 arrives once P and alpha of tile t are stored (and fenced
 //               for the tensor cores); wg 1, 2 wait before rescaling O and
 //               issuing PV.
@@ -59,9 +66,11 @@
 #include "common/addressing.h"
 #include "common/params.h"
 #include "kernels/common/launch_contract.h"
+#include "kernels/common/trace.cuh"
 #include "kernels/common/work.cuh"
 #include "kernels/sm80/ptx_sm80.cuh"
 #include "kernels/sm90/ptx_sm90.cuh"
+#include "kernels/sm90/tensor_map.h"
 #include "kernels/sm90/tile_loader.cuh"
 
 namespace mla_decode {
@@ -110,11 +119,13 @@ enum NamedBarrier : int {
 };
 // mbarriers, in this order in Smem::kBars; arrivals per phase in brackets.
 enum MBarrier : int {
-  kMbFull = 0,          // + slot [256: wg 1, 2]: tile landed; one phase per use of the slot
+  kMbFull = 0,          // + slot [256: wg 1, 2]: tile landed (not the TMA form); one phase per use of the slot
   kMbPFull = 2,         // [128: wg 0]: P and alpha of tile t stored; phase t
   kMbPEmpty = 3,        // [256: wg 1, 2]: tile t's PV complete; phase t
   kMbFinal = 4,         // [128: wg 0]: the final (m, l) rows stored
-  kMbCount = 5,
+  kMbBlock = 5,         // + 9 slot + column block [1 + 8 KB of TMA bytes; the TMA form only]: that
+                        // block of the slot's tile landed; one phase per use of the slot
+  kMbCount = kMbBlock + 2 * kColBlocks,
 };
 
 struct Smem {
@@ -141,14 +152,32 @@ static_assert(Smem::kBars % 8 == 0, "mbarrier alignment");
 constexpr int kFp8ScoreRegs = 96;
 constexpr int kFp8ValueRegs = 200;
 
+// Trace builds (trace.cuh): 5 event clocks of 8 tiles for thread 0 (scores)
+// and thread 128 (values) of CTA (0, 0); wide_launch.cu prints them.
+constexpr int kTileTraceEvents = 5, kTileTraceTiles = 8;
+constexpr int kTileTraceWords = kTileTraceEvents * kTileTraceTiles + 1;
+#if MLA_TRACE_ENABLED
+__device__ long long wide_tile_trace[2 * kTileTraceWords];
+__device__ __forceinline__ long long* wide_trace_buffer() { return wide_tile_trace; }
+#else
+__device__ __forceinline__ long long* wide_trace_buffer() { return nullptr; }
+#endif
+
 // F: bf16 (operands as stored), OCP fp8 (e4m3fn: Q is scaled per head into
 // f16 and the value warpgroups convert each tile's codes to f16 as they store
 // it, so both products run on f16 wgmma) or MXFP4 (codes and block scales
 // decoded to bf16 as a tile is stored). fp8 and MXFP4 load the codes of tile
 // t+2 into registers one tile ahead (global loads, not cp.async: the
 // conversion needs them in registers).
-template <int kTileTokens, KvFormat F>
-__global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLaunch args) {
+// kTma (bf16, the indptr layout: Plan::tma_tiles): thread 128 lands each tile
+// by TMA, nine boxes of 64 keys x 64 dims through kv_map (tensor_map.h), each
+// completing its own block barrier, so QK's k-steps on a column block start
+// once that block is in; the split's last tile has the rows past its end
+// zeroed by wg 0 before PV (they hold another item's keys, or NaN). Without
+// kTma (kv_map unused) the value warpgroups copy tiles with cp.async.
+template <int kTileTokens, KvFormat F, bool kTma>
+__global__ void __launch_bounds__(kThreads, 1)
+    decode_wide_kernel(const DecodeLaunch args, const __grid_constant__ CodeTensorMap kv_map) {
   using TT = Tile<kTileTokens>;
   constexpr bool kFp8 = F == KvFormat::kFp8E4M3FN;  // also: f16 operands
   constexpr bool kMx = F == KvFormat::kMxfp4;
@@ -156,6 +185,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
 #if MLA_SM90A_DEVICE
   constexpr int kStages = TT::kStages;
   constexpr bool kRegLoads = kFp8 || kMx;  // codes through registers, decoded as a tile is stored
+  static_assert(!kTma || F == KvFormat::kBf16, "the TMA form is bf16's");
   extern __shared__ __align__(1024) uint8_t smem[];
   const MlaDecodeParams& p = args.p;
   const int tid = threadIdx.x;
@@ -186,8 +216,19 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
     mbar_init(mbar(kMbPFull), 128);
     mbar_init(mbar(kMbPEmpty), kLoaderThreads);
     mbar_init(mbar(kMbFinal), 128);
+    if constexpr (kTma) {
+      for (int i = 0; i < kStages * kColBlocks; ++i) mbar_init(mbar(kMbBlock + i), 1);
+      fence_mbarrier_init();  // TMA (the async proxy) completes them
+    }
   }
+  // The TMA form has no bad rows (indptr rows are checked per item): its
+  // flags stay zero.
+  if (kTma && tid < kStages * 8) flags[tid] = 0u;
   __syncthreads();  // the mbarriers are set up (every thread, one code location)
+  // -DMLA_DECODE_TRACE only (trace.cuh): cycles of 8 mid-split tiles of CTA (0, 0)
+  // at the hand-offs below, for thread 0 (scores) and thread 128 (values).
+  TileTrace<kTileTraceEvents, kTileTraceTiles> tiles;
+  tiles.start(blockIdx.x == 0 && blockIdx.y == 0 && (tid == 0 || tid == 128), n_tiles / 2);
   // Let the combine kernel (a programmatic dependent) start launching.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
@@ -237,7 +278,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
     for (int t = 0; t < n_tiles; ++t) {
       const int slot = t % kStages;
       const uint32_t stage = kv_smem + slot * TT::kStageBytes;
-      mbar_wait(mbar(kMbFull + slot), (t / kStages) & 1);  // tile t landed
+      const uint32_t phase = (t / kStages) & 1;
+      if constexpr (!kTma) mbar_wait(mbar(kMbFull + slot), phase);  // tile t landed
+      tiles.mark(t, 0);
 
       float s[TT::kAcc];
       wgmma_fence();
@@ -252,12 +295,16 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
         // instructions per wgmma.)
         const uint64_t desc_q = desc_q0 + (((ks / 4) * kQBlockBytes + (ks % 4) * 32) >> 4);
         const uint64_t desc_k = desc_k0 + (((ks / 4) * TT::kBlockBytes + (ks % 4) * 32) >> 4);
+        if constexpr (kTma) {
+          if (ks % 4 == 0) mbar_wait(mbar(kMbBlock + kColBlocks * slot + ks / 4), phase);  // block ks / 4 landed
+        }
         if (ks == 0) wgmma_m64n64k16_ss<kFp8, false>(s, desc_q, desc_k);
         else wgmma_m64n64k16_ss<kFp8, true>(s, desc_q, desc_k);
       }
       wgmma_commit();
       wgmma_wait<0>();
       pin(s);
+      tiles.mark(t, 1);
 
       // Word w of the stage's flags: keys kTokensPerLoaderWarp w .., key k at bit kLoadersPerToken (k % ..).
       const uint32_t* bad_words = flags + slot * 8;
@@ -329,7 +376,20 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
 #pragma unroll
       for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * alpha[r] + sum[r];
 
+      if constexpr (kTma) {
+        // The split's last tile: dims 0..511 of the rows past its end to zero
+        // (the fence before the P hand-off covers these stores).
+        const int valid = kv_end - tok0;
+        if (valid < kTileTokens) {
+          for (int i = tid; i < (kTileTokens - valid) * 64; i += 128) {  // 8 column blocks x 8 chunks per row
+            const uint32_t addr = stage + (i % 64 / 8) * TT::kBlockBytes + (valid + i / 64) * 128 + (i % 8) * 16;
+            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0u) : "memory");
+          }
+        }
+      }
+      tiles.mark(t, 2);
       if (t > 0) mbar_wait(mbar(kMbPEmpty), (t - 1) & 1);  // tile t-1's PV is done with P
+      tiles.mark(t, 3);
 #pragma unroll
       for (int i = 0; i < kTileTokens / 8; ++i) {
 #pragma unroll
@@ -345,7 +405,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
       }
       fence_proxy_async_shared();
       mbar_arrive(mbar(kMbPFull));
+      tiles.mark(t, 4);
     }
+    tiles.write(wide_trace_buffer());
 
     // Final statistics: the quad's partial sums, then (m, l) for wg 1, 2 and
     // the LSE.
@@ -393,6 +455,20 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
       }
     }
     cp_async_commit();  // one group per tile, empty past the end
+  };
+  // The TMA form (thread 128): tile `tile`'s nine column blocks, each
+  // completing its block barrier.
+  auto issue_tma = [&](int tile) {
+    if (tile < n_tiles) {
+      const int slot = tile % kStages;
+      const int y = static_cast<int>(contiguous_base + kv_begin + tile * kTileTokens);
+#pragma unroll
+      for (int blk = 0; blk < kColBlocks; ++blk) {
+        const uint32_t bar = mbar(kMbBlock + kColBlocks * slot + blk);
+        mbar_arrive_expect_tx(bar, TT::kBlockBytes);
+        tma_load_2d(kv_smem + slot * TT::kStageBytes + blk * TT::kBlockBytes, &kv_map, 64 * blk, y, bar);
+      }
+    }
   };
   // fp8: the same thread-to-chunk map on the codes (16-byte chunk j of a row
   // is 16 codes, dims 16j..16j+15, which become the f16 chunks 2j and 2j+1),
@@ -460,6 +536,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
     fetch_tile(1);
     store_tile(1);
     fetch_tile(2);
+  } else if constexpr (kTma) {
+    if (tid == 128) {
+#pragma unroll
+      for (int j = 0; j < kStages; ++j) issue_tma(j);
+    }
   } else {
 #pragma unroll
     for (int j = 0; j < kStages; ++j) issue_tile(j);
@@ -479,6 +560,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
   for (int t = 0; t < n_tiles; ++t) {
     const int slot = t % kStages;
     mbar_wait(mbar(kMbPFull), t & 1);  // P and alpha of tile t stored
+    tiles.mark(t, 0);
     const float a0 = alpha_smem[(t & 1) * kRows + r0], a1 = alpha_smem[(t & 1) * kRows + r0 + 8];
     // Skipped when no row of the warp changed its maximum (alpha = 1), the
     // usual case after the first tiles (a warp-uniform branch).
@@ -500,23 +582,32 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
       wgmma_m64n256k16_ss_tnspb<kFp8, true>(o, desc_p, desc_v);
     }
     wgmma_commit();
-    if (!kRegLoads && t + 1 < n_tiles) {  // tile t+1 landed (tiles up to t + kStages - 1 may be pending): hand it to wg 0
+    tiles.mark(t, 1);
+    if (!kRegLoads && !kTma && t + 1 < n_tiles) {  // tile t+1 landed (tiles up to t + kStages - 1 may be pending): hand it to wg 0
       cp_async_wait<kStages - 2>();
       fence_proxy_async_shared();
       mbar_arrive(mbar(kMbFull + (t + 1) % kStages));
     }
     wgmma_wait<0>();
     pin(o);
+    tiles.mark(t, 2);
     bar_sync(kBarValues, kLoaderThreads);  // both value warpgroups are done with tile t
+    tiles.mark(t, 3);
     if (t + 1 < n_tiles) mbar_arrive(mbar(kMbPEmpty));
     if constexpr (kRegLoads) {
       store_tile(t + 2);  // into tile t's slot, from the codes fetched one iteration ago
       fetch_tile(t + 3);
     } else {
-      issue_tile(t + kStages);  // into tile t's slot
+      if constexpr (kTma) {
+        if (tid == 128) issue_tma(t + kStages);  // into tile t's slot
+      } else {
+        issue_tile(t + kStages);  // into tile t's slot
+      }
     }
+    tiles.mark(t, 4);
   }
   cp_async_wait<0>();
+  tiles.write(wide_trace_buffer() + kTileTraceWords);
 
   // ---- epilogue: O / l -------------------------------------------------------
   mbar_wait(mbar(kMbFinal), 0);

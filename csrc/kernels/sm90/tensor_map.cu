@@ -1,0 +1,81 @@
+// Host side of the TMA tensor maps (tensor_map.h): the driver's encoder,
+// looked up once, and the map over a call's cache rows. NVIDIA only: on a ROCm
+// build this translation unit is empty.
+#include "common/portability.h"
+#if !MLA_PLATFORM_HIP
+
+#include "kernels/common/launch.h"
+#include "kernels/sm90/tensor_map.h"
+#if MLA_SM90_HAS_TMA
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+#endif
+
+namespace mla_decode {
+namespace cuda {
+namespace sm90 {
+
+namespace {
+#if MLA_SM90_HAS_TMA
+// The driver's tensor-map encoder, looked up once through the runtime (no
+// link against libcuda); null where the driver does not provide it.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+#if CUDART_VERSION >= 12050
+    const cudaError_t err =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &status);
+#else
+    const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &status);
+#endif
+    if (err != cudaSuccess || status != cudaDriverEntryPointSuccess) {
+      // A failed lookup is recorded as the runtime's last error: clear it, or
+      // the next launch check (cudaGetLastError) would report it.
+      if (err != cudaSuccess) (void)cudaGetLastError();
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+#endif
+
+}  // namespace
+
+// (tensor_map.h states the map's shape.)
+cudaError_t encode_code_map(const MlaDecodeParams& p, CodeTensorMap* map) {
+#if MLA_SM90_HAS_TMA
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  const bool bf16 = p.format == KvFormat::kBf16;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kHeadDimQK), static_cast<cuuint64_t>(p.num_cache_rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.kv_row_stride_bytes)};
+  const cuuint32_t box[2] = {bf16 ? 64u : 128u, static_cast<cuuint32_t>(64u)};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r = encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_UINT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 2,
+                            const_cast<void*>(p.kv), dims, strides, box,
+                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+#else
+  (void)p;
+  (void)map;
+  return cudaErrorNotSupported;
+#endif
+}
+
+
+}  // namespace sm90
+
+bool driver_encodes_tensor_maps() {
+#if MLA_SM90_HAS_TMA
+  return sm90::tensor_map_encoder() != nullptr;
+#else
+  return false;  // a toolkit without tensor maps
+#endif
+}
+
+}  // namespace cuda
+}  // namespace mla_decode
+
+#endif  // !MLA_PLATFORM_HIP
