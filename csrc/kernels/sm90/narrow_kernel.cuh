@@ -261,7 +261,7 @@ __device__ __forceinline__ void publish_row_sums(float (&l_part)[4], float* sum_
 
 // kv_map (bf16 only; the other formats ignore it): the tensor map over the
 // cache rows (dims {576, cache rows} bf16, boxes {64, 64}, 128-byte swizzle:
-// one column block of a slot per box; narrow_launch.cu encodes it per call).
+// one column block of a slot per box; encoded per call by tensor_map.cu).
 template <KvFormat F>
 __global__ void __launch_bounds__(kThreads, 1)
     decode_narrow_kernel(const DecodeLaunch args, const __grid_constant__ CodeTensorMap kv_map) {

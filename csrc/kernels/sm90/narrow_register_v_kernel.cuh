@@ -210,7 +210,7 @@ __device__ __forceinline__ void codes_to_a_fragment(uint32_t r_lo, uint32_t r_hi
 }
 
 // kv_map: the tensor map over the cache codes (dims {576, cache rows}, boxes
-// {128, 64}, 128-byte swizzle; narrow_launch.cu encodes it per call).
+// {128, 64}, 128-byte swizzle; encoded per call by tensor_map.cu).
 __global__ void __launch_bounds__(kThreads, 1)
     decode_narrow_fp8_kernel(const DecodeLaunch args, const __grid_constant__ CodeTensorMap kv_map) {
 #if MLA_SM90A_DEVICE
