@@ -120,17 +120,19 @@ MLA_TARGET_AVX512F static void build_qt32(const MlaDecodeParams& p, const GroupD
   }
 }
 
+template <KvFormat F>
 MLA_TARGET_AVX512F static void decode_tile32(const MlaDecodeParams& p, int32_t b, int32_t j0, int nv,
                                              int32_t prefetch_end, float* kf) {
   const uint8_t* kv = static_cast<const uint8_t*>(p.kv);
   for (int k = 0; k < nv; ++k) {
     const int32_t pj = j0 + kTile32 + k;
-    if (pj < prefetch_end) prefetch_row(p, kv + kv_row(p, b, pj) * p.kv_row_stride_bytes);
+    if (pj < prefetch_end) prefetch_row<F>(kv + kv_row(p, b, pj) * p.kv_row_stride_bytes);
     const int64_t row = kv_row(p, b, j0 + k);
     const uint8_t* ptr = kv + row * p.kv_row_stride_bytes;
+    const uint8_t* scales = F == KvFormat::kMxfp4 ? p.mx_scale + row * p.mx_scale_stride_row : nullptr;
     float* dst = kf + k * kHeadDimQK;
     for (int c = 0; c < kChunks; ++c) {
-      const __m512i w = decode_chunk(p, ptr, row, c);
+      const __m512i w = decode_chunk<F>(p, ptr, scales, c);
       const __m512i lo = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(w)), 16);
       const __m512i hi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(w, 1)), 16);
       _mm512_store_ps(dst + 32 * c, _mm512_castsi512_ps(lo));
@@ -185,6 +187,7 @@ MLA_TARGET_AVX512F static void pv32(const float* pk, const float* kf, int nk, in
   }
 }
 
+template <KvFormat F>
 MLA_TARGET_AVX512F static void run_piece32(const PieceArgs& a, const CallScales& cs) {
   const MlaDecodeParams& p = *a.p;
   Scratch32& sc = thread_scratch<Scratch32>();
@@ -195,7 +198,7 @@ MLA_TARGET_AVX512F static void run_piece32(const PieceArgs& a, const CallScales&
     const float logit_scale_log2 = cs.qk * kLog2e;
     for (int32_t j0 = a.key_begin; j0 < key_end; j0 += kTile32) {
       const int nv = std::min<int32_t>(kTile32, key_end - j0);
-      decode_tile32(p, a.b, j0, nv, key_end, sc.kf);
+      decode_tile32<F>(p, a.b, j0, nv, key_end, sc.kf);
       for (int g = a.ng - 1; g >= 0; --g) {
         const int nk = std::min<int32_t>(nv, a.groups[g].visible - j0);
         if (nk <= 0) break;
@@ -215,7 +218,14 @@ MLA_TARGET_AVX512F static void run_piece32(const PieceArgs& a, const CallScales&
 bool vector_paths_built() { return true; }
 
 void piece_avx512(const PieceArgs& a, const CallScales& s) { run_piece<Avx512Mm>(a, s); }
-void piece_avx512_fp32(const PieceArgs& a, const CallScales& s) { run_piece32(a, s); }
+void piece_avx512_fp32(const PieceArgs& a, const CallScales& s) {
+  switch (a.p->format) {
+    case KvFormat::kBf16: return run_piece32<KvFormat::kBf16>(a, s);
+    case KvFormat::kFp8E4M3FN: return run_piece32<KvFormat::kFp8E4M3FN>(a, s);
+    case KvFormat::kFp8E4M3FNUZ: return run_piece32<KvFormat::kFp8E4M3FNUZ>(a, s);
+    case KvFormat::kMxfp4: return run_piece32<KvFormat::kMxfp4>(a, s);
+  }
+}
 
 }  // namespace cpu
 }  // namespace mla_decode

@@ -173,52 +173,78 @@ MLA_TARGET_AVX512F static inline __m512i decode_mxfp4_chunk(const uint8_t* src, 
   return _mm512_mask_add_epi16(v, nonzero, v, _mm512_set1_epi16(static_cast<short>((static_cast<int>(e) - 127) << 7)));
 }
 
-// Chunk c of cache row `row`.
-MLA_TARGET_AVX512F static inline __m512i decode_chunk(const MlaDecodeParams& p, const uint8_t* row_ptr, int64_t row,
-                                                     int c) {
-  switch (p.format) {
-    case KvFormat::kBf16: return _mm512_loadu_si512(row_ptr + 64 * c);
-    case KvFormat::kFp8E4M3FN: return decode_fp8_chunk<false>(row_ptr + 32 * c);
-    case KvFormat::kFp8E4M3FNUZ: return decode_fp8_chunk<true>(row_ptr + 32 * c);
-    case KvFormat::kMxfp4:
-      return decode_mxfp4_chunk(row_ptr + 16 * c, p.mx_scale[row * p.mx_scale_stride_row + c * p.mx_scale_stride_col]);
+// Chunk c of a cache row of format F (`scales`: the row's MX block scales).
+template <KvFormat F>
+MLA_TARGET_AVX512F static inline __m512i decode_chunk(const MlaDecodeParams& p, const uint8_t* row_ptr,
+                                                     const uint8_t* scales, int c) {
+  if constexpr (F == KvFormat::kBf16) {
+    return _mm512_loadu_si512(row_ptr + 64 * c);
+  } else if constexpr (F == KvFormat::kFp8E4M3FN) {
+    return decode_fp8_chunk<false>(row_ptr + 32 * c);
+  } else if constexpr (F == KvFormat::kFp8E4M3FNUZ) {
+    return decode_fp8_chunk<true>(row_ptr + 32 * c);
+  } else {
+    return decode_mxfp4_chunk(row_ptr + 16 * c, scales[c * p.mx_scale_stride_col]);
   }
-  return _mm512_setzero_si512();
 }
 
-// Into L2 (T1): the next tile's rows would evict the current tile from L1.
-MLA_TARGET_AVX512F static inline void prefetch_row(const MlaDecodeParams& p, const uint8_t* row_ptr) {
-  const int bytes = p.format == KvFormat::kBf16 ? 2 * kHeadDimQK
-                    : p.format == KvFormat::kMxfp4 ? kMxfp4RowBytes : kHeadDimQK;
-  for (int off = 0; off < bytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(row_ptr) + off, _MM_HINT_T1);
+template <KvFormat F>
+constexpr int kCacheRowBytes = F == KvFormat::kBf16 ? 2 * kHeadDimQK : F == KvFormat::kMxfp4 ? kMxfp4RowBytes : kHeadDimQK;
+
+// Keys between a decoded key and the one its decode prefetches (into L1: two
+// sub-tiles ahead, so the lines arrive during the QK and PV of the keys between).
+constexpr int kPrefetchAhead = 32;
+
+// A whole row into L2 (T1), for the avx512_fp32 path (a tile ahead).
+template <KvFormat F>
+MLA_TARGET_AVX512F static inline void prefetch_row(const uint8_t* row_ptr) {
+#pragma GCC unroll 1
+  for (int off = 0; off < kCacheRowBytes<F>; off += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(row_ptr) + off, _MM_HINT_T1);
+  }
 }
 
 // Decodes keys [k_begin, k_end) of the tile starting at key j0 of item b
 // (k_begin even; a pair's second key at or beyond nv is zero) into Kb and Vv,
-// and prefetches into L2 the rows `ahead` keys further (before prefetch_end).
+// and prefetches into L1 the rows kPrefetchAhead keys further (before
+// prefetch_end). F is the cache format: one instantiation per format keeps
+// the format switch and the MX scale addressing out of the chunk loop.
+template <KvFormat F>
 MLA_TARGET_AVX512F static inline void decode_keys(const MlaDecodeParams& p, int32_t b, int32_t j0, int k_begin,
-                                                  int k_end, int nv, int ahead, int32_t prefetch_end, Scratch& sc) {
+                                                  int k_end, int nv, int32_t prefetch_end, Scratch& sc) {
   const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
                                           37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
   const __m512i hi_idx = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23, 54,
                                           22, 53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
   const uint8_t* kv = static_cast<const uint8_t*>(p.kv);
+  const uint8_t* mx = p.mx_scale;
+  constexpr int kRowLines = (kCacheRowBytes<F> + 63) / 64;
   for (int j = k_begin; j < k_end; j += 2) {
+    // The rows kPrefetchAhead keys further, one cache line per chunk (a burst of a
+    // whole row's prefetches would hold the miss buffers the loads need).
+    const char* pf[2] = {nullptr, nullptr};
     for (int u = 0; u < 2; ++u) {
-      const int32_t pj = j0 + ahead + j + u;
-      if (pj < prefetch_end) prefetch_row(p, kv + kv_row(p, b, pj) * p.kv_row_stride_bytes);
+      const int32_t pj = j0 + kPrefetchAhead + j + u;
+      if (pj < prefetch_end) pf[u] = reinterpret_cast<const char*>(kv + kv_row(p, b, pj) * p.kv_row_stride_bytes);
     }
     const int64_t r0 = kv_row(p, b, j0 + j);
     const bool has1 = j + 1 < nv;
     const int64_t r1 = has1 ? kv_row(p, b, j0 + j + 1) : r0;
     const uint8_t* p0 = kv + r0 * p.kv_row_stride_bytes;
     const uint8_t* p1 = kv + r1 * p.kv_row_stride_bytes;
+    const uint8_t* s0 = F == KvFormat::kMxfp4 ? mx + r0 * p.mx_scale_stride_row : nullptr;
+    const uint8_t* s1 = F == KvFormat::kMxfp4 ? mx + r1 * p.mx_scale_stride_row : nullptr;
     uint32_t* k0 = sc.kb + j * kRowDwords;
     uint32_t* k1 = k0 + kRowDwords;
     uint32_t* vrow = sc.vv + (j / 2) * kVvRow;
     for (int c = 0; c < kChunks; ++c) {
-      const __m512i a = decode_chunk(p, p0, r0, c);
-      const __m512i bb = has1 ? decode_chunk(p, p1, r1, c) : _mm512_setzero_si512();
+      if (c <= kRowLines && c < kChunks) {  // line c; then the row's last byte (a row need not start a line)
+        const int off = c < kRowLines ? 64 * c : kCacheRowBytes<F> - 1;
+        if (pf[0] != nullptr) _mm_prefetch(pf[0] + off, _MM_HINT_T0);
+        if (pf[1] != nullptr) _mm_prefetch(pf[1] + off, _MM_HINT_T0);
+      }
+      const __m512i a = decode_chunk<F>(p, p0, s0, c);
+      const __m512i bb = has1 ? decode_chunk<F>(p, p1, s1, c) : _mm512_setzero_si512();
       _mm512_store_si512(k0 + 16 * c, a);
       _mm512_store_si512(k1 + 16 * c, bb);
       if (c < kHeadDimV / 32) {
@@ -356,8 +382,8 @@ MLA_TARGET_AVX512F static inline void transpose16x16(const uint32_t* src, int sr
 //   Mm::pv(sc, O, nk, nh)      O += P V over the 32-key steps holding nk keys
 //   Mm::kNeedsPa               whether pv reads Pa (else Yt)
 //   Mm::begin() / Mm::end()    around the piece (AMX tile configuration)
-template <class Mm>
-MLA_TARGET_AVX512 void run_piece(const PieceArgs& a, const CallScales& cs) {
+template <class Mm, KvFormat F>
+MLA_TARGET_AVX512 void run_piece_format(const PieceArgs& a, const CallScales& cs) {
   static_assert(Mm::kTile % 32 == 0 && Mm::kTile <= kMaxTileKeys, "tile size");
   const MlaDecodeParams& p = *a.p;
   Scratch& sc = thread_scratch<Scratch>();
@@ -371,7 +397,7 @@ MLA_TARGET_AVX512 void run_piece(const PieceArgs& a, const CallScales& cs) {
       const int nv = std::min<int32_t>(Mm::kTile, key_end - j0);
       for (int k0 = 0; k0 < nv; k0 += kSubTile) {
         MLA_PROFILE_START();
-        decode_keys(p, a.b, j0, k0, std::min(nv, k0 + kSubTile), nv, Mm::kTile, key_end, sc);
+        decode_keys<F>(p, a.b, j0, k0, std::min(nv, k0 + kSubTile), nv, key_end, sc);
         MLA_PROFILE_LAP(Mm::kNeedsPa, kDecode);
         for (int g = 0; g < a.ng; ++g) {
           if (a.groups[g].visible - j0 <= k0) continue;  // the group sees none of these keys
@@ -405,6 +431,16 @@ MLA_TARGET_AVX512 void run_piece(const PieceArgs& a, const CallScales& cs) {
     Mm::end();
   }
   end_piece_state(a, sc.m2);
+}
+
+template <class Mm>
+MLA_TARGET_AVX512 void run_piece(const PieceArgs& a, const CallScales& cs) {
+  switch (a.p->format) {
+    case KvFormat::kBf16: return run_piece_format<Mm, KvFormat::kBf16>(a, cs);
+    case KvFormat::kFp8E4M3FN: return run_piece_format<Mm, KvFormat::kFp8E4M3FN>(a, cs);
+    case KvFormat::kFp8E4M3FNUZ: return run_piece_format<Mm, KvFormat::kFp8E4M3FNUZ>(a, cs);
+    case KvFormat::kMxfp4: return run_piece_format<Mm, KvFormat::kMxfp4>(a, cs);
+  }
 }
 
 }  // namespace vec
