@@ -43,6 +43,7 @@ struct alignas(64) TileConfig {
 struct AmxMm {
   static constexpr int kTile = 128;
   static constexpr bool kNeedsPa = true;
+  static constexpr bool kQkPairs = false;
 
   MLA_TARGET_AMX static void begin() {
     TileConfig cfg;

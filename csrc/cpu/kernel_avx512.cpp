@@ -24,6 +24,7 @@ using namespace vec;
 struct Avx512Mm {
   static constexpr int kTile = 64;
   static constexpr bool kNeedsPa = false;
+  static constexpr bool kQkPairs = true;
   static void begin() {}
   static void end() {}
 
@@ -42,6 +43,34 @@ struct Avx512Mm {
     }
 #pragma GCC unroll 16
     for (int k = 0; k < 16; ++k) _mm512_store_ps(s + 16 * (k0 + k), acc[k]);
+  }
+
+  // The same for two groups (Qt qt0, qt1; S s0, s1) in two halves of 8 keys:
+  // 16 accumulators (8 keys x 2 groups), each broadcast key pair feeds both
+  // groups (10 loads per 16 products instead of 17).
+  MLA_TARGET_AVX512 static void qk2(Scratch& sc, const uint32_t* qt0, const uint32_t* qt1, int k0, float* s0,
+                                    float* s1) {
+    for (int h = 0; h < kSubTile; h += 8) {
+      __m512 a0[8], a1[8];
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) a0[k] = a1[k] = _mm512_setzero_ps();
+      const uint32_t* kb = sc.kb + (k0 + h) * kRowDwords;
+      for (int i = 0; i < kRowDwords; ++i) {
+        const __m512bh q0 = reinterpret_cast<__m512bh>(_mm512_load_si512(qt0 + 16 * i));
+        const __m512bh q1 = reinterpret_cast<__m512bh>(_mm512_load_si512(qt1 + 16 * i));
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; ++k) {
+          const __m512bh kk = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(kb[k * kRowDwords + i])));
+          a0[k] = _mm512_dpbf16_ps(a0[k], q0, kk);
+          a1[k] = _mm512_dpbf16_ps(a1[k], q1, kk);
+        }
+      }
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) {
+        _mm512_store_ps(s0 + 16 * (k0 + h + k), a0[k]);
+        _mm512_store_ps(s1 + 16 * (k0 + h + k), a1[k]);
+      }
+    }
   }
 
   MLA_TARGET_AVX512 static void pv(Scratch& sc, float* O, int nk, int nh) {

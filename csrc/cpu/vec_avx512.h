@@ -381,6 +381,8 @@ MLA_TARGET_AVX512F static inline void transpose16x16(const uint32_t* src, int sr
 //                              decoded, while they are in L1) and the group's Qt
 //   Mm::pv(sc, O, nk, nh)      O += P V over the 32-key steps holding nk keys
 //   Mm::kNeedsPa               whether pv reads Pa (else Yt)
+//   Mm::kQkPairs               whether Mm::qk2(sc, qt0, qt1, k0, s0, s1) scores
+//                              two groups at once (consecutive groups that see the keys)
 //   Mm::begin() / Mm::end()    around the piece (AMX tile configuration)
 template <class Mm, KvFormat F>
 MLA_TARGET_AVX512 void run_piece_format(const PieceArgs& a, const CallScales& cs) {
@@ -399,10 +401,15 @@ MLA_TARGET_AVX512 void run_piece_format(const PieceArgs& a, const CallScales& cs
         MLA_PROFILE_START();
         decode_keys<F>(p, a.b, j0, k0, std::min(nv, k0 + kSubTile), nv, key_end, sc);
         MLA_PROFILE_LAP(Mm::kNeedsPa, kDecode);
-        for (int g = 0; g < a.ng; ++g) {
-          if (a.groups[g].visible - j0 <= k0) continue;  // the group sees none of these keys
-          Mm::qk(sc, sc.qt + g * kQtDwords, k0, sc.s + g * (kMaxTileKeys * 16));
+        int g = 0;
+        while (g < a.ng && a.groups[g].visible - j0 <= k0) ++g;  // groups that see none of these keys
+        if constexpr (Mm::kQkPairs) {
+          for (; g + 1 < a.ng; g += 2) {
+            Mm::qk2(sc, sc.qt + g * kQtDwords, sc.qt + (g + 1) * kQtDwords, k0, sc.s + g * (kMaxTileKeys * 16),
+                    sc.s + (g + 1) * (kMaxTileKeys * 16));
+          }
         }
+        for (; g < a.ng; ++g) Mm::qk(sc, sc.qt + g * kQtDwords, k0, sc.s + g * (kMaxTileKeys * 16));
         MLA_PROFILE_LAP(Mm::kNeedsPa, kQk);
       }
       zero_v_tail(nv, sc);
