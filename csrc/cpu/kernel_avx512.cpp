@@ -28,12 +28,13 @@ struct Avx512Mm {
   static void begin() {}
   static void end() {}
 
-  MLA_TARGET_AVX512 static void qk(Scratch& sc, const uint32_t* qt, int k0, float* s) {
+  MLA_TARGET_AVX512 static void qk(Scratch& sc, const uint32_t* qt, int k0, float* s, int n_pf) {
     __m512 acc[16];
 #pragma GCC unroll 16
     for (int k = 0; k < 16; ++k) acc[k] = _mm512_setzero_ps();
     const uint32_t* kb = sc.kb + k0 * kRowDwords;
     for (int i = 0; i < kRowDwords; ++i) {
+      if (i < n_pf) _mm_prefetch(sc.pf[i], _MM_HINT_T0);  // one line per dim pair
       const __m512bh q = reinterpret_cast<__m512bh>(_mm512_load_si512(qt + 16 * i));
 #pragma GCC unroll 16
       for (int k = 0; k < 16; ++k) {
@@ -41,6 +42,7 @@ struct Avx512Mm {
         acc[k] = _mm512_dpbf16_ps(acc[k], q, kk);
       }
     }
+    for (int i = kRowDwords; i < n_pf; ++i) _mm_prefetch(sc.pf[i], _MM_HINT_T0);
 #pragma GCC unroll 16
     for (int k = 0; k < 16; ++k) _mm512_store_ps(s + 16 * (k0 + k), acc[k]);
   }
@@ -49,13 +51,15 @@ struct Avx512Mm {
   // 16 accumulators (8 keys x 2 groups), each broadcast key pair feeds both
   // groups (10 loads per 16 products instead of 17).
   MLA_TARGET_AVX512 static void qk2(Scratch& sc, const uint32_t* qt0, const uint32_t* qt1, int k0, float* s0,
-                                    float* s1) {
+                                    float* s1, int n_pf) {
     for (int h = 0; h < kSubTile; h += 8) {
       __m512 a0[8], a1[8];
 #pragma GCC unroll 8
       for (int k = 0; k < 8; ++k) a0[k] = a1[k] = _mm512_setzero_ps();
       const uint32_t* kb = sc.kb + (k0 + h) * kRowDwords;
       for (int i = 0; i < kRowDwords; ++i) {
+        const int line = 2 * i + h / 8;  // the prefetches spread over both halves
+        if (line < n_pf) _mm_prefetch(sc.pf[line], _MM_HINT_T0);
         const __m512bh q0 = reinterpret_cast<__m512bh>(_mm512_load_si512(qt0 + 16 * i));
         const __m512bh q1 = reinterpret_cast<__m512bh>(_mm512_load_si512(qt1 + 16 * i));
 #pragma GCC unroll 8

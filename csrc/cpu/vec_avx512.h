@@ -88,6 +88,7 @@ struct alignas(64) Scratch {
   uint32_t yt[kMaxTileKeys / 2 * 16];
   uint32_t pa[16 * kPaRow];
   float m2[kMaxGroupsPerPiece * 16];  // reference max per row, log2 units
+  const char* pf[kSubTile * 20];      // cache lines to prefetch during one sub-tile's QK
 };
 
 // ---- exp2 ------------------------------------------------------------------
@@ -191,8 +192,10 @@ MLA_TARGET_AVX512F static inline __m512i decode_chunk(const MlaDecodeParams& p, 
 template <KvFormat F>
 constexpr int kCacheRowBytes = F == KvFormat::kBf16 ? 2 * kHeadDimQK : F == KvFormat::kMxfp4 ? kMxfp4RowBytes : kHeadDimQK;
 
-// Keys between a decoded key and the one its decode prefetches (into L1: two
-// sub-tiles ahead, so the lines arrive during the QK and PV of the keys between).
+// Keys between a sub-tile and the one whose cache lines its QK prefetches
+// (into L1, spread over the QK loop: a burst of them at decode time would hold
+// the miss buffers for its whole length, and memory would idle during the
+// products).
 constexpr int kPrefetchAhead = 32;
 
 // A whole row into L2 (T1), for the avx512_fp32 path (a tile ahead).
@@ -204,29 +207,42 @@ MLA_TARGET_AVX512F static inline void prefetch_row(const uint8_t* row_ptr) {
   }
 }
 
+// The cache lines of keys [j, min(j + kSubTile, end)) of item b into pf, each
+// once (rows need not start a line, and consecutive rows share lines);
+// returns their count (at most kSubTile * (kRowLines + 1)).
+template <KvFormat F>
+MLA_TARGET_AVX512F static inline int list_prefetch_lines(const MlaDecodeParams& p, int32_t b, int32_t j, int32_t end,
+                                                          const char** pf) {
+  const char* kv = static_cast<const char*>(p.kv);
+  uintptr_t last = ~uintptr_t{0};  // the line added last
+  int n = 0;
+  for (int32_t k = j; k < std::min(end, j + kSubTile); ++k) {
+    const char* row = kv + kv_row(p, b, k) * p.kv_row_stride_bytes;
+    const uintptr_t first_line = reinterpret_cast<uintptr_t>(row) >> 6;
+    const uintptr_t last_line = (reinterpret_cast<uintptr_t>(row) + kCacheRowBytes<F> - 1) >> 6;
+    for (uintptr_t line = first_line; line <= last_line; ++line) {
+      if (line == last) continue;
+      pf[n++] = reinterpret_cast<const char*>(line << 6);
+      last = line;
+    }
+  }
+  return n;
+}
+
 // Decodes keys [k_begin, k_end) of the tile starting at key j0 of item b
-// (k_begin even; a pair's second key at or beyond nv is zero) into Kb and Vv,
-// and prefetches into L1 the rows kPrefetchAhead keys further (before
-// prefetch_end). F is the cache format: one instantiation per format keeps
-// the format switch and the MX scale addressing out of the chunk loop.
+// (k_begin even; a pair's second key at or beyond nv is zero) into Kb and Vv.
+// F is the cache format: one instantiation per format keeps the format switch
+// and the MX scale addressing out of the chunk loop.
 template <KvFormat F>
 MLA_TARGET_AVX512F static inline void decode_keys(const MlaDecodeParams& p, int32_t b, int32_t j0, int k_begin,
-                                                  int k_end, int nv, int32_t prefetch_end, Scratch& sc) {
+                                                  int k_end, int nv, Scratch& sc) {
   const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
                                           37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
   const __m512i hi_idx = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23, 54,
                                           22, 53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
   const uint8_t* kv = static_cast<const uint8_t*>(p.kv);
   const uint8_t* mx = p.mx_scale;
-  constexpr int kRowLines = (kCacheRowBytes<F> + 63) / 64;
   for (int j = k_begin; j < k_end; j += 2) {
-    // The rows kPrefetchAhead keys further, one cache line per chunk (a burst of a
-    // whole row's prefetches would hold the miss buffers the loads need).
-    const char* pf[2] = {nullptr, nullptr};
-    for (int u = 0; u < 2; ++u) {
-      const int32_t pj = j0 + kPrefetchAhead + j + u;
-      if (pj < prefetch_end) pf[u] = reinterpret_cast<const char*>(kv + kv_row(p, b, pj) * p.kv_row_stride_bytes);
-    }
     const int64_t r0 = kv_row(p, b, j0 + j);
     const bool has1 = j + 1 < nv;
     const int64_t r1 = has1 ? kv_row(p, b, j0 + j + 1) : r0;
@@ -238,11 +254,6 @@ MLA_TARGET_AVX512F static inline void decode_keys(const MlaDecodeParams& p, int3
     uint32_t* k1 = k0 + kRowDwords;
     uint32_t* vrow = sc.vv + (j / 2) * kVvRow;
     for (int c = 0; c < kChunks; ++c) {
-      if (c <= kRowLines && c < kChunks) {  // line c; then the row's last byte (a row need not start a line)
-        const int off = c < kRowLines ? 64 * c : kCacheRowBytes<F> - 1;
-        if (pf[0] != nullptr) _mm_prefetch(pf[0] + off, _MM_HINT_T0);
-        if (pf[1] != nullptr) _mm_prefetch(pf[1] + off, _MM_HINT_T0);
-      }
       const __m512i a = decode_chunk<F>(p, p0, s0, c);
       const __m512i bb = has1 ? decode_chunk<F>(p, p1, s1, c) : _mm512_setzero_si512();
       _mm512_store_si512(k0 + 16 * c, a);
@@ -376,12 +387,13 @@ MLA_TARGET_AVX512F static inline void transpose16x16(const uint32_t* src, int sr
 
 // One piece on the vector data flow above; Mm supplies the two products:
 //   Mm::kTile                  keys per tile (64 or 128)
-//   Mm::qk(sc, qt, k0, s)      S rows k0 .. k0 + 15 of one group from Kb rows
+//   Mm::qk(sc, qt, k0, s, n_pf) S rows k0 .. k0 + 15 of one group from Kb rows
 //                              k0 .. k0 + 15 (called right after they are
-//                              decoded, while they are in L1) and the group's Qt
+//                              decoded, while they are in L1) and the group's
+//                              Qt; it also prefetches the n_pf lines of sc.pf
 //   Mm::pv(sc, O, nk, nh)      O += P V over the 32-key steps holding nk keys
 //   Mm::kNeedsPa               whether pv reads Pa (else Yt)
-//   Mm::kQkPairs               whether Mm::qk2(sc, qt0, qt1, k0, s0, s1) scores
+//   Mm::kQkPairs               whether Mm::qk2(sc, qt0, qt1, k0, s0, s1, n_pf) scores
 //                              two groups at once (consecutive groups that see the keys)
 //   Mm::begin() / Mm::end()    around the piece (AMX tile configuration)
 template <class Mm, KvFormat F>
@@ -399,17 +411,22 @@ MLA_TARGET_AVX512 void run_piece_format(const PieceArgs& a, const CallScales& cs
       const int nv = std::min<int32_t>(Mm::kTile, key_end - j0);
       for (int k0 = 0; k0 < nv; k0 += kSubTile) {
         MLA_PROFILE_START();
-        decode_keys<F>(p, a.b, j0, k0, std::min(nv, k0 + kSubTile), nv, key_end, sc);
+        decode_keys<F>(p, a.b, j0, k0, std::min(nv, k0 + kSubTile), nv, sc);
         MLA_PROFILE_LAP(Mm::kNeedsPa, kDecode);
+        int n_pf = list_prefetch_lines<F>(p, a.b, j0 + k0 + kPrefetchAhead, key_end, sc.pf);
         int g = 0;
         while (g < a.ng && a.groups[g].visible - j0 <= k0) ++g;  // groups that see none of these keys
         if constexpr (Mm::kQkPairs) {
           for (; g + 1 < a.ng; g += 2) {
             Mm::qk2(sc, sc.qt + g * kQtDwords, sc.qt + (g + 1) * kQtDwords, k0, sc.s + g * (kMaxTileKeys * 16),
-                    sc.s + (g + 1) * (kMaxTileKeys * 16));
+                    sc.s + (g + 1) * (kMaxTileKeys * 16), n_pf);
+            n_pf = 0;  // the first QK call of the sub-tile issues them
           }
         }
-        for (; g < a.ng; ++g) Mm::qk(sc, sc.qt + g * kQtDwords, k0, sc.s + g * (kMaxTileKeys * 16));
+        for (; g < a.ng; ++g) {
+          Mm::qk(sc, sc.qt + g * kQtDwords, k0, sc.s + g * (kMaxTileKeys * 16), n_pf);
+          n_pf = 0;
+        }
         MLA_PROFILE_LAP(Mm::kNeedsPa, kQk);
       }
       zero_v_tail(nv, sc);
