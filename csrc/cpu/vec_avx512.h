@@ -284,17 +284,6 @@ MLA_TARGET_AVX512F static inline void zero_v_keys(int from, int to, Scratch& sc)
   }
 }
 
-// Qt of one group (rows >= nh are zero).
-MLA_TARGET_AVX512F static inline void build_qt(const MlaDecodeParams& p, const GroupDesc& gd, uint32_t* qt) {
-  memset(qt, 0, kQtDwords * 4);
-  const uint16_t* qbase = static_cast<const uint16_t*>(p.q);
-  for (int r = 0; r < gd.nh; ++r) {
-    const uint32_t* q = reinterpret_cast<const uint32_t*>(qbase + static_cast<int64_t>(gd.q_row) * p.q_stride_token +
-                                                          static_cast<int64_t>(gd.h0 + r) * p.q_stride_head);
-    for (int dw = 0; dw < kRowDwords; ++dw) qt[(dw >> 4) * 256 + (dw & 15) * 16 + r] = q[dw];
-  }
-}
-
 // Online-softmax step of one group over the tile's first nk keys (S holds
 // their raw dot products; they become log2-domain logits): updates m2,
 // rescales l and O where the reference max moves; returns the reference max.
@@ -357,11 +346,10 @@ MLA_TARGET_AVX512 static inline void probs_pairs(int nk, __m512 m, const float* 
   _mm512_storeu_ps(l, lsum);
 }
 
-// 16 x 16 dword transpose: dst[c * dst_stride + r] = src[r * src_stride + c].
-MLA_TARGET_AVX512F static inline void transpose16x16(const uint32_t* src, int src_stride, uint32_t* dst,
-                                                    int dst_stride) {
+// 16 x 16 dword transpose: dst[c * dst_stride + r] = rows[r][c].
+MLA_TARGET_AVX512F static inline void transpose16x16_rows(const uint32_t* const* rows, uint32_t* dst, int dst_stride) {
   __m512i r[16], a[16], bq[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + i * src_stride);
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(rows[i]);
   for (int k = 0; k < 8; ++k) {
     a[2 * k] = _mm512_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
     a[2 * k + 1] = _mm512_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
@@ -382,6 +370,31 @@ MLA_TARGET_AVX512F static inline void transpose16x16(const uint32_t* src, int sr
     _mm512_storeu_si512(dst + (4 + j) * dst_stride, _mm512_shuffle_i32x4(c0, c2, 0xDD));
     _mm512_storeu_si512(dst + (8 + j) * dst_stride, _mm512_shuffle_i32x4(c1, c3, 0x88));
     _mm512_storeu_si512(dst + (12 + j) * dst_stride, _mm512_shuffle_i32x4(c1, c3, 0xDD));
+  }
+}
+
+// The same with rows src_stride dwords apart.
+MLA_TARGET_AVX512F static inline void transpose16x16(const uint32_t* src, int src_stride, uint32_t* dst,
+                                                    int dst_stride) {
+  const uint32_t* rows[16];
+  for (int i = 0; i < 16; ++i) rows[i] = src + i * src_stride;
+  transpose16x16_rows(rows, dst, dst_stride);
+}
+
+// Qt of one group (rows >= nh are zero): per chunk one 16 x 16 dword
+// transpose of the rows' 16 pairs.
+MLA_TARGET_AVX512F static inline void build_qt(const MlaDecodeParams& p, const GroupDesc& gd, uint32_t* qt) {
+  alignas(64) static const uint32_t kZeroRow[kRowDwords] = {};
+  const uint16_t* qbase = static_cast<const uint16_t*>(p.q);
+  const uint32_t* rows[16];
+  for (int r = 0; r < 16; ++r) {
+    rows[r] = r < gd.nh ? reinterpret_cast<const uint32_t*>(qbase + static_cast<int64_t>(gd.q_row) * p.q_stride_token +
+                                                            static_cast<int64_t>(gd.h0 + r) * p.q_stride_head)
+                        : kZeroRow;
+  }
+  for (int c = 0; c < kChunks; ++c) {
+    transpose16x16_rows(rows, qt + 256 * c, 16);
+    for (int r = 0; r < 16; ++r) rows[r] += 16;
   }
 }
 
