@@ -120,13 +120,40 @@ MLA_TARGET_AVX2 static inline void decode_row(const MlaDecodeParams& p, int64_t 
   }
 }
 
+// Qtf of one group (rows >= nh are zero): 8 rows x 8 dims at a time, widened
+// to fp32 and transposed in registers.
 MLA_TARGET_AVX2 static void build_qt(const MlaDecodeParams& p, const GroupDesc& gd, float* qt) {
-  memset(qt, 0, sizeof(float) * kHeadDimQK * 16);
+  alignas(32) static const uint16_t kZeroRow[kHeadDimQK] = {};
   const uint16_t* qbase = static_cast<const uint16_t*>(p.q);
-  for (int r = 0; r < gd.nh; ++r) {
-    const uint16_t* q = qbase + static_cast<int64_t>(gd.q_row) * p.q_stride_token +
-                        static_cast<int64_t>(gd.h0 + r) * p.q_stride_head;
-    for (int d = 0; d < kHeadDimQK; ++d) qt[d * 16 + r] = bf16_bits_to_float(q[d]);
+  const uint16_t* rows[16];
+  for (int r = 0; r < 16; ++r) {
+    rows[r] = r < gd.nh ? qbase + static_cast<int64_t>(gd.q_row) * p.q_stride_token +
+                              static_cast<int64_t>(gd.h0 + r) * p.q_stride_head
+                        : kZeroRow;
+  }
+  for (int h = 0; h < 2; ++h) {
+    for (int d0 = 0; d0 < kHeadDimQK; d0 += 8) {
+      __m256 v[8], t[8], u[8];
+      for (int i = 0; i < 8; ++i) {
+        const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[8 * h + i] + d0)));
+        v[i] = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+      }
+      for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(v[i], v[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(v[i], v[i + 1]);
+      }
+      for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+      }
+      // u[j] (j < 4): dim d0 + j of rows 0-3 (low half) and, from u[4 + j], rows 4-7
+      for (int j = 0; j < 4; ++j) {
+        _mm256_store_ps(qt + (d0 + j) * 16 + 8 * h, _mm256_permute2f128_ps(u[j], u[4 + j], 0x20));
+        _mm256_store_ps(qt + (d0 + 4 + j) * 16 + 8 * h, _mm256_permute2f128_ps(u[j], u[4 + j], 0x31));
+      }
+    }
   }
 }
 
