@@ -181,6 +181,18 @@ cpu::CallScales call_scales(const MlaDecodeParams& p, CpuPath path) {
   return {p.sm_scale, 1.f};
 }
 
+// o[d] += w * x[d], d < kHeadDimV: the merge's inner loop, compiled once per
+// vector ISA level and chosen when the library loads (the driver itself is
+// built for baseline x86-64).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MLA_ISA_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define MLA_ISA_CLONES
+#endif
+MLA_ISA_CLONES void add_scaled_row(float* o, const float* x, float w) {
+  for (int d = 0; d < kHeadDimV; ++d) o[d] += w * x[d];
+}
+
 // fp32 to bf16 bits, rounding to nearest even, NaN to 0x7FC0 (c10::BFloat16's
 // rule), branch-free so that the compiler vectorises the output loop.
 inline uint16_t bf16_bits_rne(float x) {
@@ -281,7 +293,7 @@ void run_plan(const MlaDecodeParams& p, const Plan& plan, CpuPath path, bool ser
           const float w = std::exp(m_c - mx);
           lsum += l_c * w;
           const float* oc = base + static_cast<int64_t>(g) * kOFloats + h * cpu::kORow;
-          for (int d = 0; d < kHeadDimV; ++d) o[d] += w * oc[d];
+          add_scaled_row(o, oc, w);
         }
         m[h] = mx;
         l[h] = lsum;
