@@ -3,7 +3,10 @@
 // avx512_fp32 (below): the same tiles with fp32 FMA products.
 //   QK: lanes are the group's 16 rows. For a sub-tile of 16 keys, 16 fp32
 //       accumulators; for each of the 288 dim pairs one Qt vector (the pair of
-//       every row) times the key's pair broadcast from Kb.
+//       every row) times the key's pair broadcast from Kb. Two groups that see
+//       the sub-tile are scored together, 8 keys x 2 groups at a time (qk2).
+//       The QK loop also issues the sub-tile's list of cache-line prefetches,
+//       one per dim pair.
 //   PV: lanes are 16 output dims. Blocks of 4 rows x 64 dims (16
 //       accumulators, loaded from and stored to O once per tile); for each key
 //       pair 4 Vv vectors times each row's probability pair broadcast from Yt.

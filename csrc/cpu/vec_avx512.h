@@ -11,6 +11,8 @@
 //   Kb   each tile: its keys decoded in registers to bf16 (exact: every fp8
 //        and E2M1 value is a bf16 value; the E8M0 scale is an exponent add),
 //        row-major [key][576]: the AMX QK A operand, the AVX-512 broadcasts.
+//        The cache lines of the sub-tile 32 keys ahead are prefetched into L1
+//        during the QK of the current one (spread over its loop).
 //   Vv   the same registers, keys interleaved in pairs: [pair i][d < 512 (+16 pad)]
 //        dwords (V[2i][d], V[2i+1][d]): the AMX PV B operand ("VNNI" layout)
 //        and the vectors of the AVX-512 PV.
