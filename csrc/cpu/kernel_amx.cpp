@@ -65,7 +65,7 @@ struct AmxMm {
   MLA_TARGET_AMX static void qk(Scratch& sc, const uint32_t* qt, int k0, float* s, int n_pf) {
     for (int i = 0; i < n_pf; ++i) _mm_prefetch(sc.pf[i], _MM_HINT_T0);
     constexpr int kKbStride = kRowDwords * 4;  // bytes between keys of Kb
-    const uint32_t* kb = sc.kb + k0 * kRowDwords;
+    const uint32_t* kb = sc.kq;
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);

@@ -35,7 +35,7 @@ struct Avx512Mm {
     __m512 acc[16];
 #pragma GCC unroll 16
     for (int k = 0; k < 16; ++k) acc[k] = _mm512_setzero_ps();
-    const uint32_t* kb = sc.kb + k0 * kRowDwords;
+    const uint32_t* kb = sc.kq;
     for (int i = 0; i < kRowDwords; ++i) {
       if (i < n_pf) _mm_prefetch(sc.pf[i], _MM_HINT_T0);  // one line per dim pair
       const __m512bh q = reinterpret_cast<__m512bh>(_mm512_load_si512(qt + 16 * i));
@@ -59,7 +59,7 @@ struct Avx512Mm {
       __m512 a0[8], a1[8];
 #pragma GCC unroll 8
       for (int k = 0; k < 8; ++k) a0[k] = a1[k] = _mm512_setzero_ps();
-      const uint32_t* kb = sc.kb + (k0 + h) * kRowDwords;
+      const uint32_t* kb = sc.kq + h * kRowDwords;
       for (int i = 0; i < kRowDwords; ++i) {
         const int line = 2 * i + h / 8;  // the prefetches spread over both halves
         if (line < n_pf) _mm_prefetch(sc.pf[line], _MM_HINT_T0);

@@ -91,6 +91,8 @@ struct alignas(64) Scratch {
   uint32_t pa[16 * kPaRow];
   float m2[kMaxGroupsPerPiece * 16];  // reference max per row, log2 units
   const char* pf[kSubTile * 20];      // cache lines to prefetch during one sub-tile's QK
+  const uint32_t* kq;                 // the sub-tile's 16 key rows for QK (kRowDwords apart): in Kb,
+                                      // or the bf16 cache rows themselves
 };
 
 // ---- exp2 ------------------------------------------------------------------
@@ -232,12 +234,13 @@ MLA_TARGET_AVX512F static inline int list_prefetch_lines(const MlaDecodeParams& 
 }
 
 // Decodes keys [k_begin, k_end) of the tile starting at key j0 of item b
-// (k_begin even; a pair's second key at or beyond nv is zero) into Kb and Vv.
+// (k_begin even; a pair's second key at or beyond nv is zero) into Vv and,
+// where store_kb, into Kb.
 // F is the cache format: one instantiation per format keeps the format switch
 // and the MX scale addressing out of the chunk loop.
 template <KvFormat F>
 MLA_TARGET_AVX512F static inline void decode_keys(const MlaDecodeParams& p, int32_t b, int32_t j0, int k_begin,
-                                                  int k_end, int nv, Scratch& sc) {
+                                                  int k_end, int nv, bool store_kb, Scratch& sc) {
   const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
                                           37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
   const __m512i hi_idx = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23, 54,
@@ -258,8 +261,10 @@ MLA_TARGET_AVX512F static inline void decode_keys(const MlaDecodeParams& p, int3
     for (int c = 0; c < kChunks; ++c) {
       const __m512i a = decode_chunk<F>(p, p0, s0, c);
       const __m512i bb = has1 ? decode_chunk<F>(p, p1, s1, c) : _mm512_setzero_si512();
-      _mm512_store_si512(k0 + 16 * c, a);
-      _mm512_store_si512(k1 + 16 * c, bb);
+      if (store_kb) {
+        _mm512_store_si512(k0 + 16 * c, a);
+        _mm512_store_si512(k1 + 16 * c, bb);
+      }
       if (c < kHeadDimV / 32) {
         _mm512_store_si512(vrow + 32 * c, _mm512_permutex2var_epi16(a, lo_idx, bb));
         _mm512_store_si512(vrow + 32 * c + 16, _mm512_permutex2var_epi16(a, hi_idx, bb));
@@ -426,7 +431,21 @@ MLA_TARGET_AVX512 void run_piece_format(const PieceArgs& a, const CallScales& cs
       const int nv = std::min<int32_t>(Mm::kTile, key_end - j0);
       for (int k0 = 0; k0 < nv; k0 += kSubTile) {
         MLA_PROFILE_START();
-        decode_keys<F>(p, a.b, j0, k0, std::min(nv, k0 + kSubTile), nv, sc);
+        // bf16 rows are their own Kb: QK reads a full sub-tile of consecutive
+        // rows kRowDwords apart straight from the cache.
+        bool direct = false;
+        if constexpr (F == KvFormat::kBf16) {
+          if (k0 + kSubTile <= nv && p.kv_row_stride_bytes == 4 * kRowDwords) {
+            const int64_t r0 = kv_row(p, a.b, j0 + k0);
+            direct = true;
+            for (int k = 1; k < kSubTile && direct; ++k) direct = kv_row(p, a.b, j0 + k0 + k) == r0 + k;
+            if (direct) {
+              sc.kq = reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(p.kv) + r0 * p.kv_row_stride_bytes);
+            }
+          }
+        }
+        if (!direct) sc.kq = sc.kb + k0 * kRowDwords;
+        decode_keys<F>(p, a.b, j0, k0, std::min(nv, k0 + kSubTile), nv, !direct, sc);
         MLA_PROFILE_LAP(Mm::kNeedsPa, kDecode);
         int n_pf = list_prefetch_lines<F>(p, a.b, j0 + k0 + kPrefetchAhead, key_end, sc.pf);
         int g = 0;
