@@ -8,11 +8,13 @@
 // the whole set. A set's keys (those its last token sees) are cut into
 // pieces of equal length, a multiple of 64 keys, so that the call has about
 // kTargetPieces pieces of equal work (an item with a long cache is spread
-// over every core), but no piece is shorter than the format's minimum (below
-// it, the piece's fp32 partial would cost as many bytes as its cache rows).
-// The split follows from the shapes alone, never from the thread count, so
-// results do not depend on it. Pieces run under at::parallel_for; the pieces
-// of a split set are then merged by log-sum-exp, in piece order.
+// over every core), but no piece is shorter than kMinPieceKeys (256, in every
+// format: the kernel is bound by its products, and a 256-key piece's products
+// cost some 30 times its partial's writing and merging). The split follows
+// from the shapes alone, never from the thread count, so results do not
+// depend on it. Pieces run under at::parallel_for; the pieces of a split set
+// are then merged by log-sum-exp, in piece order, under a second
+// at::parallel_for over its groups.
 #include "decode_cpu.h"
 
 #include <ATen/Parallel.h>
@@ -55,6 +57,7 @@ using cpu::kOFloats;
 using cpu::kPieceKeyAlign;
 
 constexpr int64_t kTargetPieces = 32;
+constexpr int64_t kMinPieceKeys = 256;  // a multiple of kPieceKeyAlign
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Floats of one group's record: O (16 x 512), then m (16) and l (16) of the
@@ -93,19 +96,13 @@ struct Plan {
   std::vector<GroupDesc> groups;
   std::vector<Set> sets;
   std::vector<int32_t> piece_set;  // set of each piece
+  struct MergeJob {
+    int32_t set, g;  // group g of a split set
+  };
+  std::vector<MergeJob> merges;
   int64_t partial_floats = 0;
   int32_t max_pieces_per_set = 1;
 };
-
-int64_t cache_row_bytes(KvFormat f) {
-  switch (f) {
-    case KvFormat::kBf16: return 2 * kHeadDimQK;
-    case KvFormat::kFp8E4M3FN:
-    case KvFormat::kFp8E4M3FNUZ: return kHeadDimQK;
-    case KvFormat::kMxfp4: return kMxfp4RowBytes + kMxBlocksPerRow;
-  }
-  return 2 * kHeadDimQK;
-}
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -135,15 +132,10 @@ Plan make_plan(const MlaDecodeParams& p) {
       total_work += static_cast<int64_t>(s.keys) * s.ng;
     }
   }
-  // Shortest piece: its partial (ng x 33 KB) at most a quarter of its cache bytes
-  // per group, within [256, 1024] keys.
-  const int64_t min_keys =
-      round_up(std::min<int64_t>(1024, std::max<int64_t>(256, 4 * kRecordFloats * 4 / cache_row_bytes(p.format))),
-               kPieceKeyAlign);
   int64_t piece_index = 0;
   for (Set& s : plan.sets) {
     const int64_t even_share = (total_work + kTargetPieces - 1) / kTargetPieces / s.ng;
-    const int64_t want = round_up(std::max<int64_t>(min_keys, even_share), kPieceKeyAlign);
+    const int64_t want = round_up(std::max<int64_t>(kMinPieceKeys, even_share), kPieceKeyAlign);
     s.pieces = static_cast<int32_t>(std::max<int64_t>(1, (s.keys + want - 1) / want));
     // Equal pieces (a multiple of kPieceKeyAlign keys; the last may be shorter).
     s.piece_keys = static_cast<int32_t>(round_up((s.keys + s.pieces - 1) / s.pieces, kPieceKeyAlign));
@@ -156,6 +148,10 @@ Plan make_plan(const MlaDecodeParams& p) {
       plan.partial_floats += static_cast<int64_t>(s.pieces) * s.ng * kRecordFloats;
     }
     plan.max_pieces_per_set = std::max(plan.max_pieces_per_set, s.pieces);
+  }
+  for (int32_t si = 0; si < static_cast<int32_t>(plan.sets.size()); ++si) {
+    if (plan.sets[si].pieces == 1) continue;
+    for (int32_t g = 0; g < plan.sets[si].ng; ++g) plan.merges.push_back({si, g});
   }
   plan.piece_set.resize(piece_index);
   for (int32_t si = 0; si < static_cast<int32_t>(plan.sets.size()); ++si) {
@@ -185,6 +181,27 @@ cpu::CallScales call_scales(const MlaDecodeParams& p, CpuPath path) {
   return {p.sm_scale, 1.f};
 }
 
+// o[d] += w * x[d], d < kHeadDimV: the merge's inner loop, compiled once per
+// vector ISA level and chosen when the library loads (the driver itself is
+// built for baseline x86-64).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MLA_ISA_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define MLA_ISA_CLONES
+#endif
+MLA_ISA_CLONES void add_scaled_row(float* o, const float* x, float w) {
+  for (int d = 0; d < kHeadDimV; ++d) o[d] += w * x[d];
+}
+
+// fp32 to bf16 bits, rounding to nearest even, NaN to 0x7FC0 (c10::BFloat16's
+// rule), branch-free so that the compiler vectorises the output loop.
+inline uint16_t bf16_bits_rne(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : rounded);
+}
+
 // out = o_scale * O / l (bf16), lse = m + log(l); a row that sees no key gets 0 and -inf.
 void store_group(const MlaDecodeParams& p, const GroupDesc& gd, const float* O, const float* m, const float* l,
                  float o_scale) {
@@ -201,7 +218,7 @@ void store_group(const MlaDecodeParams& p, const GroupDesc& gd, const float* O, 
     }
     const float f = o_scale / l[h];
     const float* a = O + h * cpu::kORow;
-    for (int d = 0; d < kHeadDimV; ++d) o[d] = c10::BFloat16(a[d] * f).x;
+    for (int d = 0; d < kHeadDimV; ++d) o[d] = bf16_bits_rne(a[d] * f);
     *lse = m[h] + std::log(l[h]);
   }
 }
@@ -247,49 +264,48 @@ void run_plan(const MlaDecodeParams& p, const Plan& plan, CpuPath path, bool ser
   }
   if (plan.partial_floats == 0) return;
 
-  // Merge the pieces of each split set: M = max m_c, l = sum l_c e^(m_c - M),
-  // O = sum O_c e^(m_c - M) (an empty piece has m = -inf and weighs 0).
-  auto merge_sets = [&](int64_t begin, int64_t end) {
+  // Merge the pieces of each group of a split set: M = max m_c, l = sum l_c
+  // e^(m_c - M), O = sum O_c e^(m_c - M) (an empty piece has m = -inf and
+  // weighs 0). One job per group, so one long item's merge is spread as well.
+  auto merge_groups = [&](int64_t begin, int64_t end) {
     static thread_local AlignedFloats merged;
     float* O = merged.get(kOFloats);
-    for (int64_t si = begin; si < end; ++si) {
-      const Set& s = plan.sets[si];
-      if (s.pieces == 1) continue;
+    for (int64_t job = begin; job < end; ++job) {
+      const Set& s = plan.sets[plan.merges[job].set];
+      const int32_t g = plan.merges[job].g;
       const int64_t piece_floats = static_cast<int64_t>(s.ng) * kRecordFloats;
-      for (int g = 0; g < s.ng; ++g) {
-        const GroupDesc& gd = plan.groups[s.g_begin + g];
-        float m[kGroupRows], l[kGroupRows];
-        for (int h = 0; h < gd.nh; ++h) {
-          float mx = kNegInf;
-          for (int32_t c = 0; c < s.pieces; ++c) {
-            const float* mc = partial + s.record_offset + c * piece_floats + s.ng * kOFloats;
-            mx = std::max(mx, mc[g * kGroupRows + h]);
-          }
-          float lsum = 0.f;
-          float* o = O + h * cpu::kORow;
-          std::fill(o, o + kHeadDimV, 0.f);
-          for (int32_t c = 0; c < s.pieces; ++c) {
-            const float* base = partial + s.record_offset + c * piece_floats;
-            const float m_c = base[s.ng * kOFloats + g * kGroupRows + h];
-            const float l_c = base[s.ng * kOFloats + s.ng * kGroupRows + g * kGroupRows + h];
-            if (m_c == kNegInf && !std::isnan(l_c)) continue;  // the piece saw no key of this row
-            const float w = std::exp(m_c - mx);
-            lsum += l_c * w;
-            const float* oc = base + static_cast<int64_t>(g) * kOFloats + h * cpu::kORow;
-            for (int d = 0; d < kHeadDimV; ++d) o[d] += w * oc[d];
-          }
-          m[h] = mx;
-          l[h] = lsum;
+      const GroupDesc& gd = plan.groups[s.g_begin + g];
+      float m[kGroupRows], l[kGroupRows];
+      for (int h = 0; h < gd.nh; ++h) {
+        float mx = kNegInf;
+        for (int32_t c = 0; c < s.pieces; ++c) {
+          const float* mc = partial + s.record_offset + c * piece_floats + s.ng * kOFloats;
+          mx = std::max(mx, mc[g * kGroupRows + h]);
         }
-        store_group(p, gd, O, m, l, scales.o_scale);
+        float lsum = 0.f;
+        float* o = O + h * cpu::kORow;
+        std::fill(o, o + kHeadDimV, 0.f);
+        for (int32_t c = 0; c < s.pieces; ++c) {
+          const float* base = partial + s.record_offset + c * piece_floats;
+          const float m_c = base[s.ng * kOFloats + g * kGroupRows + h];
+          const float l_c = base[s.ng * kOFloats + s.ng * kGroupRows + g * kGroupRows + h];
+          if (m_c == kNegInf && !std::isnan(l_c)) continue;  // the piece saw no key of this row
+          const float w = std::exp(m_c - mx);
+          lsum += l_c * w;
+          const float* oc = base + static_cast<int64_t>(g) * kOFloats + h * cpu::kORow;
+          add_scaled_row(o, oc, w);
+        }
+        m[h] = mx;
+        l[h] = lsum;
       }
+      store_group(p, gd, O, m, l, scales.o_scale);
     }
   };
-  const int64_t n_sets = static_cast<int64_t>(plan.sets.size());
+  const int64_t n_jobs = static_cast<int64_t>(plan.merges.size());
   if (serial) {
-    merge_sets(0, n_sets);
+    merge_groups(0, n_jobs);
   } else {
-    at::parallel_for(0, n_sets, 1, merge_sets);
+    at::parallel_for(0, n_jobs, 1, merge_groups);
   }
 }
 

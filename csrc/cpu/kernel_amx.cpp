@@ -43,6 +43,7 @@ struct alignas(64) TileConfig {
 struct AmxMm {
   static constexpr int kTile = 128;
   static constexpr bool kNeedsPa = true;
+  static constexpr bool kQkPairs = false;
 
   MLA_TARGET_AMX static void begin() {
     TileConfig cfg;
@@ -61,9 +62,10 @@ struct AmxMm {
   // accumulators (tmm0-3, independent chains), A = 16 keys x 32 dims of Kb
   // (tmm4 / tmm5 in turn), B = the chunk of Qt (tmm6 / tmm7 in turn); the four
   // partial tiles are summed with AVX-512.
-  MLA_TARGET_AMX static void qk(Scratch& sc, const uint32_t* qt, int k0, float* s) {
+  MLA_TARGET_AMX static void qk(Scratch& sc, const uint32_t* qt, int k0, float* s, int n_pf) {
+    for (int i = 0; i < n_pf; ++i) _mm_prefetch(sc.pf[i], _MM_HINT_T0);
     constexpr int kKbStride = kRowDwords * 4;  // bytes between keys of Kb
-    const uint32_t* kb = sc.kb + k0 * kRowDwords;
+    const uint32_t* kb = sc.kq;
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);

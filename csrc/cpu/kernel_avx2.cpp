@@ -5,10 +5,11 @@
 //        the tensor scale, which is folded into the logit and output scales;
 //        MXFP4 as E2M1 value x 2^(e-127), the fp32 product of formats.h),
 //        row-major [key][576]. V is its first 512 columns.
-//   QK   lanes are rows: blocks of 4 keys x 16 rows (8 accumulators), each
-//        dim one pair of Qtf vectors times the key's value broadcast.
-//   PV   lanes are dims: blocks of 4 rows x 16 dims (8 accumulators), each
-//        key two Kf vectors times each row's probability broadcast from S.
+//   QK   lanes are rows: blocks of up to 6 keys x 16 rows (12 accumulators),
+//        each dim one pair of Qtf vectors times the key's value broadcast.
+//   PV   lanes are dims: blocks of up to 6 rows x 16 dims (12 accumulators),
+//        each key two Kf vectors times each row's probability broadcast from S.
+//   (Blocks of near-equal size: 32 keys 6, 6, 5, 5, 5, 5; 16 rows 6, 5, 5.)
 // Softmax as in vec_avx512.h: online in the log2 domain, lazy rescale.
 #include "cpu/kernel_common.h"
 
@@ -20,6 +21,7 @@
 #include <cmath>
 #include <limits>
 #include <new>
+#include <type_traits>
 
 #include "common/addressing.h"
 #include "common/formats.h"
@@ -118,38 +120,91 @@ MLA_TARGET_AVX2 static inline void decode_row(const MlaDecodeParams& p, int64_t 
   }
 }
 
+// Qtf of one group (rows >= nh are zero): 8 rows x 8 dims at a time, widened
+// to fp32 and transposed in registers.
 MLA_TARGET_AVX2 static void build_qt(const MlaDecodeParams& p, const GroupDesc& gd, float* qt) {
-  memset(qt, 0, sizeof(float) * kHeadDimQK * 16);
+  alignas(32) static const uint16_t kZeroRow[kHeadDimQK] = {};
   const uint16_t* qbase = static_cast<const uint16_t*>(p.q);
-  for (int r = 0; r < gd.nh; ++r) {
-    const uint16_t* q = qbase + static_cast<int64_t>(gd.q_row) * p.q_stride_token +
-                        static_cast<int64_t>(gd.h0 + r) * p.q_stride_head;
-    for (int d = 0; d < kHeadDimQK; ++d) qt[d * 16 + r] = bf16_bits_to_float(q[d]);
+  const uint16_t* rows[16];
+  for (int r = 0; r < 16; ++r) {
+    rows[r] = r < gd.nh ? qbase + static_cast<int64_t>(gd.q_row) * p.q_stride_token +
+                              static_cast<int64_t>(gd.h0 + r) * p.q_stride_head
+                        : kZeroRow;
+  }
+  for (int h = 0; h < 2; ++h) {
+    for (int d0 = 0; d0 < kHeadDimQK; d0 += 8) {
+      __m256 v[8], t[8], u[8];
+      for (int i = 0; i < 8; ++i) {
+        const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[8 * h + i] + d0)));
+        v[i] = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+      }
+      for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(v[i], v[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(v[i], v[i + 1]);
+      }
+      for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+      }
+      // u[j] (j < 4): dim d0 + j of rows 0-3 (low half) and, from u[4 + j], rows 4-7
+      for (int j = 0; j < 4; ++j) {
+        _mm256_store_ps(qt + (d0 + j) * 16 + 8 * h, _mm256_permute2f128_ps(u[j], u[4 + j], 0x20));
+        _mm256_store_ps(qt + (d0 + 4 + j) * 16 + 8 * h, _mm256_permute2f128_ps(u[j], u[4 + j], 0x31));
+      }
+    }
   }
 }
 
-// S[k][0:16] for keys k < round4(nk).
-MLA_TARGET_AVX2 static void qk(const float* qt, const float* kf, int nk, float* s) {
-  for (int k0 = 0; k0 < nk; k0 += 4) {
-    __m256 acc[4][2];
-#pragma GCC unroll 4
-    for (int k = 0; k < 4; ++k) acc[k][0] = acc[k][1] = _mm256_setzero_ps();
-    const float* kr = kf + k0 * kHeadDimQK;
-    for (int d = 0; d < kHeadDimQK; ++d) {
-      const __m256 q0 = _mm256_load_ps(qt + 16 * d), q1 = _mm256_load_ps(qt + 16 * d + 8);
-#pragma GCC unroll 4
-      for (int k = 0; k < 4; ++k) {
-        const __m256 b = _mm256_broadcast_ss(kr + k * kHeadDimQK + d);
-        acc[k][0] = _mm256_fmadd_ps(q0, b, acc[k][0]);
-        acc[k][1] = _mm256_fmadd_ps(q1, b, acc[k][1]);
-      }
-    }
-#pragma GCC unroll 4
-    for (int k = 0; k < 4; ++k) {
-      _mm256_store_ps(s + 16 * (k0 + k), acc[k][0]);
-      _mm256_store_ps(s + 16 * (k0 + k) + 8, acc[k][1]);
+// S rows k0 .. k0 + NK - 1: NK keys x 16 rows, 2 NK accumulators; each dim
+// two Qtf vectors times each key's value broadcast.
+template <int NK>
+MLA_TARGET_AVX2 static inline void qk_block(const float* qt, const float* kr, float* s) {
+  __m256 acc[NK][2];
+#pragma GCC unroll 6
+  for (int k = 0; k < NK; ++k) acc[k][0] = acc[k][1] = _mm256_setzero_ps();
+  for (int d = 0; d < kHeadDimQK; ++d) {
+    const __m256 q0 = _mm256_load_ps(qt + 16 * d), q1 = _mm256_load_ps(qt + 16 * d + 8);
+#pragma GCC unroll 6
+    for (int k = 0; k < NK; ++k) {
+      const __m256 b = _mm256_broadcast_ss(kr + k * kHeadDimQK + d);
+      acc[k][0] = _mm256_fmadd_ps(q0, b, acc[k][0]);
+      acc[k][1] = _mm256_fmadd_ps(q1, b, acc[k][1]);
     }
   }
+#pragma GCC unroll 6
+  for (int k = 0; k < NK; ++k) {
+    _mm256_store_ps(s + 16 * k, acc[k][0]);
+    _mm256_store_ps(s + 16 * k + 8, acc[k][1]);
+  }
+}
+
+// Calls f(std::integral_constant<int, size>(), first) for n items cut into
+// ceil(n / 6) blocks of near-equal size (16 -> 6, 5, 5; 32 -> 6, 6, 5, 5, 5, 5):
+// 6 items are 12 accumulators of the 16 registers, and no block drops to the
+// few accumulators that would leave the FMA latency exposed.
+template <class F>
+MLA_TARGET_AVX2 static inline void for_blocks_of_6(int n, F&& f) {
+  const int nb = (n + 5) / 6;
+  int first = 0;
+  for (int i = 0; i < nb; ++i) {
+    const int size = n / nb + (i < n % nb ? 1 : 0);
+    switch (size) {
+      case 6: f(std::integral_constant<int, 6>(), first); break;
+      case 5: f(std::integral_constant<int, 5>(), first); break;
+      case 4: f(std::integral_constant<int, 4>(), first); break;
+      case 3: f(std::integral_constant<int, 3>(), first); break;
+      case 2: f(std::integral_constant<int, 2>(), first); break;
+      default: f(std::integral_constant<int, 1>(), first); break;
+    }
+    first += size;
+  }
+}
+
+// S[k][0:16] for keys k < nk.
+MLA_TARGET_AVX2 static void qk(const float* qt, const float* kf, int nk, float* s) {
+  for_blocks_of_6(nk, [&](auto nkb, int k0) { qk_block<decltype(nkb)::value>(qt, kf + k0 * kHeadDimQK, s + 16 * k0); });
 }
 
 // Softmax step (see vec_avx512.h softmax_update); leaves p in S (0 beyond nk).
@@ -190,31 +245,36 @@ MLA_TARGET_AVX2 static void softmax(int nk, float logit_scale_log2, float* s, fl
   }
 }
 
-MLA_TARGET_AVX2 static void pv(const float* pk, const float* kf, int nk, int nh, float* O) {
-  const int rows = (nh + 3) / 4 * 4;
-  for (int d0 = 0; d0 < kHeadDimV; d0 += 16) {
-    for (int r0 = 0; r0 < rows; r0 += 4) {
-      __m256 acc[4][2];
-#pragma GCC unroll 4
-      for (int r = 0; r < 4; ++r) {
-        acc[r][0] = _mm256_load_ps(O + (r0 + r) * kORow + d0);
-        acc[r][1] = _mm256_load_ps(O + (r0 + r) * kORow + d0 + 8);
-      }
-      for (int k = 0; k < nk; ++k) {
-        const __m256 v0 = _mm256_load_ps(kf + k * kHeadDimQK + d0), v1 = _mm256_load_ps(kf + k * kHeadDimQK + d0 + 8);
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; ++r) {
-          const __m256 b = _mm256_broadcast_ss(pk + 16 * k + r0 + r);
-          acc[r][0] = _mm256_fmadd_ps(v0, b, acc[r][0]);
-          acc[r][1] = _mm256_fmadd_ps(v1, b, acc[r][1]);
-        }
-      }
-#pragma GCC unroll 4
-      for (int r = 0; r < 4; ++r) {
-        _mm256_store_ps(O + (r0 + r) * kORow + d0, acc[r][0]);
-        _mm256_store_ps(O + (r0 + r) * kORow + d0 + 8, acc[r][1]);
-      }
+// O rows r0 .. r0 + NR - 1, dims d0 .. d0 + 15 += P V over nk keys: 2 NR
+// accumulators; each key two Kf vectors times each row's probability.
+template <int NR>
+MLA_TARGET_AVX2 static inline void pv_block(const float* pk, const float* kf, int nk, int r0, int d0, float* O) {
+  __m256 acc[NR][2];
+#pragma GCC unroll 6
+  for (int r = 0; r < NR; ++r) {
+    acc[r][0] = _mm256_load_ps(O + (r0 + r) * kORow + d0);
+    acc[r][1] = _mm256_load_ps(O + (r0 + r) * kORow + d0 + 8);
+  }
+  for (int k = 0; k < nk; ++k) {
+    const __m256 v0 = _mm256_load_ps(kf + k * kHeadDimQK + d0), v1 = _mm256_load_ps(kf + k * kHeadDimQK + d0 + 8);
+#pragma GCC unroll 6
+    for (int r = 0; r < NR; ++r) {
+      const __m256 b = _mm256_broadcast_ss(pk + 16 * k + r0 + r);
+      acc[r][0] = _mm256_fmadd_ps(v0, b, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(v1, b, acc[r][1]);
     }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < NR; ++r) {
+    _mm256_store_ps(O + (r0 + r) * kORow + d0, acc[r][0]);
+    _mm256_store_ps(O + (r0 + r) * kORow + d0 + 8, acc[r][1]);
+  }
+}
+
+// O rows < nh.
+MLA_TARGET_AVX2 static void pv(const float* pk, const float* kf, int nk, int nh, float* O) {
+  for (int d0 = 0; d0 < kHeadDimV; d0 += 16) {
+    for_blocks_of_6(nh, [&](auto nr, int r0) { pv_block<decltype(nr)::value>(pk, kf, nk, r0, d0, O); });
   }
 }
 

@@ -3,7 +3,10 @@
 // avx512_fp32 (below): the same tiles with fp32 FMA products.
 //   QK: lanes are the group's 16 rows. For a sub-tile of 16 keys, 16 fp32
 //       accumulators; for each of the 288 dim pairs one Qt vector (the pair of
-//       every row) times the key's pair broadcast from Kb.
+//       every row) times the key's pair broadcast from Kb. Two groups that see
+//       the sub-tile are scored together, 8 keys x 2 groups at a time (qk2).
+//       The QK loop also issues the sub-tile's list of cache-line prefetches,
+//       one per dim pair.
 //   PV: lanes are 16 output dims. Blocks of 4 rows x 64 dims (16
 //       accumulators, loaded from and stored to O once per tile); for each key
 //       pair 4 Vv vectors times each row's probability pair broadcast from Yt.
@@ -24,15 +27,17 @@ using namespace vec;
 struct Avx512Mm {
   static constexpr int kTile = 64;
   static constexpr bool kNeedsPa = false;
+  static constexpr bool kQkPairs = true;
   static void begin() {}
   static void end() {}
 
-  MLA_TARGET_AVX512 static void qk(Scratch& sc, const uint32_t* qt, int k0, float* s) {
+  MLA_TARGET_AVX512 static void qk(Scratch& sc, const uint32_t* qt, int k0, float* s, int n_pf) {
     __m512 acc[16];
 #pragma GCC unroll 16
     for (int k = 0; k < 16; ++k) acc[k] = _mm512_setzero_ps();
-    const uint32_t* kb = sc.kb + k0 * kRowDwords;
+    const uint32_t* kb = sc.kq;
     for (int i = 0; i < kRowDwords; ++i) {
+      if (i < n_pf) _mm_prefetch(sc.pf[i], _MM_HINT_T0);  // one line per dim pair
       const __m512bh q = reinterpret_cast<__m512bh>(_mm512_load_si512(qt + 16 * i));
 #pragma GCC unroll 16
       for (int k = 0; k < 16; ++k) {
@@ -40,8 +45,39 @@ struct Avx512Mm {
         acc[k] = _mm512_dpbf16_ps(acc[k], q, kk);
       }
     }
+    for (int i = kRowDwords; i < n_pf; ++i) _mm_prefetch(sc.pf[i], _MM_HINT_T0);
 #pragma GCC unroll 16
     for (int k = 0; k < 16; ++k) _mm512_store_ps(s + 16 * (k0 + k), acc[k]);
+  }
+
+  // The same for two groups (Qt qt0, qt1; S s0, s1) in two halves of 8 keys:
+  // 16 accumulators (8 keys x 2 groups), each broadcast key pair feeds both
+  // groups (10 loads per 16 products instead of 17).
+  MLA_TARGET_AVX512 static void qk2(Scratch& sc, const uint32_t* qt0, const uint32_t* qt1, int k0, float* s0,
+                                    float* s1, int n_pf) {
+    for (int h = 0; h < kSubTile; h += 8) {
+      __m512 a0[8], a1[8];
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) a0[k] = a1[k] = _mm512_setzero_ps();
+      const uint32_t* kb = sc.kq + h * kRowDwords;
+      for (int i = 0; i < kRowDwords; ++i) {
+        const int line = 2 * i + h / 8;  // the prefetches spread over both halves
+        if (line < n_pf) _mm_prefetch(sc.pf[line], _MM_HINT_T0);
+        const __m512bh q0 = reinterpret_cast<__m512bh>(_mm512_load_si512(qt0 + 16 * i));
+        const __m512bh q1 = reinterpret_cast<__m512bh>(_mm512_load_si512(qt1 + 16 * i));
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; ++k) {
+          const __m512bh kk = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(kb[k * kRowDwords + i])));
+          a0[k] = _mm512_dpbf16_ps(a0[k], q0, kk);
+          a1[k] = _mm512_dpbf16_ps(a1[k], q1, kk);
+        }
+      }
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) {
+        _mm512_store_ps(s0 + 16 * (k0 + h + k), a0[k]);
+        _mm512_store_ps(s1 + 16 * (k0 + h + k), a1[k]);
+      }
+    }
   }
 
   MLA_TARGET_AVX512 static void pv(Scratch& sc, float* O, int nk, int nh) {
@@ -120,17 +156,19 @@ MLA_TARGET_AVX512F static void build_qt32(const MlaDecodeParams& p, const GroupD
   }
 }
 
+template <KvFormat F>
 MLA_TARGET_AVX512F static void decode_tile32(const MlaDecodeParams& p, int32_t b, int32_t j0, int nv,
                                              int32_t prefetch_end, float* kf) {
   const uint8_t* kv = static_cast<const uint8_t*>(p.kv);
   for (int k = 0; k < nv; ++k) {
     const int32_t pj = j0 + kTile32 + k;
-    if (pj < prefetch_end) prefetch_row(p, kv + kv_row(p, b, pj) * p.kv_row_stride_bytes);
+    if (pj < prefetch_end) prefetch_row<F>(kv + kv_row(p, b, pj) * p.kv_row_stride_bytes);
     const int64_t row = kv_row(p, b, j0 + k);
     const uint8_t* ptr = kv + row * p.kv_row_stride_bytes;
+    const uint8_t* scales = F == KvFormat::kMxfp4 ? p.mx_scale + row * p.mx_scale_stride_row : nullptr;
     float* dst = kf + k * kHeadDimQK;
     for (int c = 0; c < kChunks; ++c) {
-      const __m512i w = decode_chunk(p, ptr, row, c);
+      const __m512i w = decode_chunk<F>(p, ptr, scales, c);
       const __m512i lo = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(w)), 16);
       const __m512i hi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(w, 1)), 16);
       _mm512_store_ps(dst + 32 * c, _mm512_castsi512_ps(lo));
@@ -185,6 +223,7 @@ MLA_TARGET_AVX512F static void pv32(const float* pk, const float* kf, int nk, in
   }
 }
 
+template <KvFormat F>
 MLA_TARGET_AVX512F static void run_piece32(const PieceArgs& a, const CallScales& cs) {
   const MlaDecodeParams& p = *a.p;
   Scratch32& sc = thread_scratch<Scratch32>();
@@ -195,7 +234,7 @@ MLA_TARGET_AVX512F static void run_piece32(const PieceArgs& a, const CallScales&
     const float logit_scale_log2 = cs.qk * kLog2e;
     for (int32_t j0 = a.key_begin; j0 < key_end; j0 += kTile32) {
       const int nv = std::min<int32_t>(kTile32, key_end - j0);
-      decode_tile32(p, a.b, j0, nv, key_end, sc.kf);
+      decode_tile32<F>(p, a.b, j0, nv, key_end, sc.kf);
       for (int g = a.ng - 1; g >= 0; --g) {
         const int nk = std::min<int32_t>(nv, a.groups[g].visible - j0);
         if (nk <= 0) break;
@@ -215,7 +254,14 @@ MLA_TARGET_AVX512F static void run_piece32(const PieceArgs& a, const CallScales&
 bool vector_paths_built() { return true; }
 
 void piece_avx512(const PieceArgs& a, const CallScales& s) { run_piece<Avx512Mm>(a, s); }
-void piece_avx512_fp32(const PieceArgs& a, const CallScales& s) { run_piece32(a, s); }
+void piece_avx512_fp32(const PieceArgs& a, const CallScales& s) {
+  switch (a.p->format) {
+    case KvFormat::kBf16: return run_piece32<KvFormat::kBf16>(a, s);
+    case KvFormat::kFp8E4M3FN: return run_piece32<KvFormat::kFp8E4M3FN>(a, s);
+    case KvFormat::kFp8E4M3FNUZ: return run_piece32<KvFormat::kFp8E4M3FNUZ>(a, s);
+    case KvFormat::kMxfp4: return run_piece32<KvFormat::kMxfp4>(a, s);
+  }
+}
 
 }  // namespace cpu
 }  // namespace mla_decode

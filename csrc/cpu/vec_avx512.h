@@ -11,6 +11,8 @@
 //   Kb   each tile: its keys decoded in registers to bf16 (exact: every fp8
 //        and E2M1 value is a bf16 value; the E8M0 scale is an exponent add),
 //        row-major [key][576]: the AMX QK A operand, the AVX-512 broadcasts.
+//        The cache lines of the sub-tile 32 keys ahead are prefetched into L1
+//        during the QK of the current one (spread over its loop).
 //   Vv   the same registers, keys interleaved in pairs: [pair i][d < 512 (+16 pad)]
 //        dwords (V[2i][d], V[2i+1][d]): the AMX PV B operand ("VNNI" layout)
 //        and the vectors of the AVX-512 PV.
@@ -88,6 +90,9 @@ struct alignas(64) Scratch {
   uint32_t yt[kMaxTileKeys / 2 * 16];
   uint32_t pa[16 * kPaRow];
   float m2[kMaxGroupsPerPiece * 16];  // reference max per row, log2 units
+  const char* pf[kSubTile * 20];      // cache lines to prefetch during one sub-tile's QK
+  const uint32_t* kq;                 // the sub-tile's 16 key rows for QK (kRowDwords apart): in Kb,
+                                      // or the bf16 cache rows themselves
 };
 
 // ---- exp2 ------------------------------------------------------------------
@@ -173,54 +178,93 @@ MLA_TARGET_AVX512F static inline __m512i decode_mxfp4_chunk(const uint8_t* src, 
   return _mm512_mask_add_epi16(v, nonzero, v, _mm512_set1_epi16(static_cast<short>((static_cast<int>(e) - 127) << 7)));
 }
 
-// Chunk c of cache row `row`.
-MLA_TARGET_AVX512F static inline __m512i decode_chunk(const MlaDecodeParams& p, const uint8_t* row_ptr, int64_t row,
-                                                     int c) {
-  switch (p.format) {
-    case KvFormat::kBf16: return _mm512_loadu_si512(row_ptr + 64 * c);
-    case KvFormat::kFp8E4M3FN: return decode_fp8_chunk<false>(row_ptr + 32 * c);
-    case KvFormat::kFp8E4M3FNUZ: return decode_fp8_chunk<true>(row_ptr + 32 * c);
-    case KvFormat::kMxfp4:
-      return decode_mxfp4_chunk(row_ptr + 16 * c, p.mx_scale[row * p.mx_scale_stride_row + c * p.mx_scale_stride_col]);
+// Chunk c of a cache row of format F (`scales`: the row's MX block scales).
+template <KvFormat F>
+MLA_TARGET_AVX512F static inline __m512i decode_chunk(const MlaDecodeParams& p, const uint8_t* row_ptr,
+                                                     const uint8_t* scales, int c) {
+  if constexpr (F == KvFormat::kBf16) {
+    return _mm512_loadu_si512(row_ptr + 64 * c);
+  } else if constexpr (F == KvFormat::kFp8E4M3FN) {
+    return decode_fp8_chunk<false>(row_ptr + 32 * c);
+  } else if constexpr (F == KvFormat::kFp8E4M3FNUZ) {
+    return decode_fp8_chunk<true>(row_ptr + 32 * c);
+  } else {
+    return decode_mxfp4_chunk(row_ptr + 16 * c, scales[c * p.mx_scale_stride_col]);
   }
-  return _mm512_setzero_si512();
 }
 
-// Into L2 (T1): the next tile's rows would evict the current tile from L1.
-MLA_TARGET_AVX512F static inline void prefetch_row(const MlaDecodeParams& p, const uint8_t* row_ptr) {
-  const int bytes = p.format == KvFormat::kBf16 ? 2 * kHeadDimQK
-                    : p.format == KvFormat::kMxfp4 ? kMxfp4RowBytes : kHeadDimQK;
-  for (int off = 0; off < bytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(row_ptr) + off, _MM_HINT_T1);
+template <KvFormat F>
+constexpr int kCacheRowBytes = F == KvFormat::kBf16 ? 2 * kHeadDimQK : F == KvFormat::kMxfp4 ? kMxfp4RowBytes : kHeadDimQK;
+
+// Keys between a sub-tile and the one whose cache lines its QK prefetches
+// (into L1, spread over the QK loop: a burst of them at decode time would hold
+// the miss buffers for its whole length, and memory would idle during the
+// products).
+constexpr int kPrefetchAhead = 32;
+
+// A whole row into L2 (T1), for the avx512_fp32 path (a tile ahead).
+template <KvFormat F>
+MLA_TARGET_AVX512F static inline void prefetch_row(const uint8_t* row_ptr) {
+#pragma GCC unroll 1
+  for (int off = 0; off < kCacheRowBytes<F>; off += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(row_ptr) + off, _MM_HINT_T1);
+  }
+}
+
+// The cache lines of keys [j, min(j + kSubTile, end)) of item b into pf, each
+// once (rows need not start a line, and consecutive rows share lines);
+// returns their count (at most kSubTile * (kRowLines + 1)).
+template <KvFormat F>
+MLA_TARGET_AVX512F static inline int list_prefetch_lines(const MlaDecodeParams& p, int32_t b, int32_t j, int32_t end,
+                                                          const char** pf) {
+  const char* kv = static_cast<const char*>(p.kv);
+  uintptr_t last = ~uintptr_t{0};  // the line added last
+  int n = 0;
+  for (int32_t k = j; k < std::min(end, j + kSubTile); ++k) {
+    const char* row = kv + kv_row(p, b, k) * p.kv_row_stride_bytes;
+    const uintptr_t first_line = reinterpret_cast<uintptr_t>(row) >> 6;
+    const uintptr_t last_line = (reinterpret_cast<uintptr_t>(row) + kCacheRowBytes<F> - 1) >> 6;
+    for (uintptr_t line = first_line; line <= last_line; ++line) {
+      if (line == last) continue;
+      pf[n++] = reinterpret_cast<const char*>(line << 6);
+      last = line;
+    }
+  }
+  return n;
 }
 
 // Decodes keys [k_begin, k_end) of the tile starting at key j0 of item b
-// (k_begin even; a pair's second key at or beyond nv is zero) into Kb and Vv,
-// and prefetches into L2 the rows `ahead` keys further (before prefetch_end).
+// (k_begin even; a pair's second key at or beyond nv is zero) into Vv and,
+// where store_kb, into Kb.
+// F is the cache format: one instantiation per format keeps the format switch
+// and the MX scale addressing out of the chunk loop.
+template <KvFormat F>
 MLA_TARGET_AVX512F static inline void decode_keys(const MlaDecodeParams& p, int32_t b, int32_t j0, int k_begin,
-                                                  int k_end, int nv, int ahead, int32_t prefetch_end, Scratch& sc) {
+                                                  int k_end, int nv, bool store_kb, Scratch& sc) {
   const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
                                           37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
   const __m512i hi_idx = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23, 54,
                                           22, 53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
   const uint8_t* kv = static_cast<const uint8_t*>(p.kv);
+  const uint8_t* mx = p.mx_scale;
   for (int j = k_begin; j < k_end; j += 2) {
-    for (int u = 0; u < 2; ++u) {
-      const int32_t pj = j0 + ahead + j + u;
-      if (pj < prefetch_end) prefetch_row(p, kv + kv_row(p, b, pj) * p.kv_row_stride_bytes);
-    }
     const int64_t r0 = kv_row(p, b, j0 + j);
     const bool has1 = j + 1 < nv;
     const int64_t r1 = has1 ? kv_row(p, b, j0 + j + 1) : r0;
     const uint8_t* p0 = kv + r0 * p.kv_row_stride_bytes;
     const uint8_t* p1 = kv + r1 * p.kv_row_stride_bytes;
+    const uint8_t* s0 = F == KvFormat::kMxfp4 ? mx + r0 * p.mx_scale_stride_row : nullptr;
+    const uint8_t* s1 = F == KvFormat::kMxfp4 ? mx + r1 * p.mx_scale_stride_row : nullptr;
     uint32_t* k0 = sc.kb + j * kRowDwords;
     uint32_t* k1 = k0 + kRowDwords;
     uint32_t* vrow = sc.vv + (j / 2) * kVvRow;
     for (int c = 0; c < kChunks; ++c) {
-      const __m512i a = decode_chunk(p, p0, r0, c);
-      const __m512i bb = has1 ? decode_chunk(p, p1, r1, c) : _mm512_setzero_si512();
-      _mm512_store_si512(k0 + 16 * c, a);
-      _mm512_store_si512(k1 + 16 * c, bb);
+      const __m512i a = decode_chunk<F>(p, p0, s0, c);
+      const __m512i bb = has1 ? decode_chunk<F>(p, p1, s1, c) : _mm512_setzero_si512();
+      if (store_kb) {
+        _mm512_store_si512(k0 + 16 * c, a);
+        _mm512_store_si512(k1 + 16 * c, bb);
+      }
       if (c < kHeadDimV / 32) {
         _mm512_store_si512(vrow + 32 * c, _mm512_permutex2var_epi16(a, lo_idx, bb));
         _mm512_store_si512(vrow + 32 * c + 16, _mm512_permutex2var_epi16(a, hi_idx, bb));
@@ -244,17 +288,6 @@ MLA_TARGET_AVX512F static inline void zero_v_keys(int from, int to, Scratch& sc)
     const __mmask32 half = (j & 1) ? 0xAAAAAAAAu : 0x55555555u;
     uint32_t* vrow = sc.vv + (j / 2) * kVvRow;
     for (int c = 0; c < kHeadDimV / 16; ++c) _mm512_mask_storeu_epi16(vrow + 16 * c, half, _mm512_setzero_si512());
-  }
-}
-
-// Qt of one group (rows >= nh are zero).
-MLA_TARGET_AVX512F static inline void build_qt(const MlaDecodeParams& p, const GroupDesc& gd, uint32_t* qt) {
-  memset(qt, 0, kQtDwords * 4);
-  const uint16_t* qbase = static_cast<const uint16_t*>(p.q);
-  for (int r = 0; r < gd.nh; ++r) {
-    const uint32_t* q = reinterpret_cast<const uint32_t*>(qbase + static_cast<int64_t>(gd.q_row) * p.q_stride_token +
-                                                          static_cast<int64_t>(gd.h0 + r) * p.q_stride_head);
-    for (int dw = 0; dw < kRowDwords; ++dw) qt[(dw >> 4) * 256 + (dw & 15) * 16 + r] = q[dw];
   }
 }
 
@@ -320,11 +353,10 @@ MLA_TARGET_AVX512 static inline void probs_pairs(int nk, __m512 m, const float* 
   _mm512_storeu_ps(l, lsum);
 }
 
-// 16 x 16 dword transpose: dst[c * dst_stride + r] = src[r * src_stride + c].
-MLA_TARGET_AVX512F static inline void transpose16x16(const uint32_t* src, int src_stride, uint32_t* dst,
-                                                    int dst_stride) {
+// 16 x 16 dword transpose: dst[c * dst_stride + r] = rows[r][c].
+MLA_TARGET_AVX512F static inline void transpose16x16_rows(const uint32_t* const* rows, uint32_t* dst, int dst_stride) {
   __m512i r[16], a[16], bq[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + i * src_stride);
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(rows[i]);
   for (int k = 0; k < 8; ++k) {
     a[2 * k] = _mm512_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
     a[2 * k + 1] = _mm512_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
@@ -348,16 +380,44 @@ MLA_TARGET_AVX512F static inline void transpose16x16(const uint32_t* src, int sr
   }
 }
 
+// The same with rows src_stride dwords apart.
+MLA_TARGET_AVX512F static inline void transpose16x16(const uint32_t* src, int src_stride, uint32_t* dst,
+                                                    int dst_stride) {
+  const uint32_t* rows[16];
+  for (int i = 0; i < 16; ++i) rows[i] = src + i * src_stride;
+  transpose16x16_rows(rows, dst, dst_stride);
+}
+
+// Qt of one group (rows >= nh are zero): per chunk one 16 x 16 dword
+// transpose of the rows' 16 pairs.
+MLA_TARGET_AVX512F static inline void build_qt(const MlaDecodeParams& p, const GroupDesc& gd, uint32_t* qt) {
+  alignas(64) static const uint32_t kZeroRow[kRowDwords] = {};
+  const uint16_t* qbase = static_cast<const uint16_t*>(p.q);
+  const uint32_t* rows[16];
+  for (int r = 0; r < 16; ++r) {
+    rows[r] = r < gd.nh ? reinterpret_cast<const uint32_t*>(qbase + static_cast<int64_t>(gd.q_row) * p.q_stride_token +
+                                                            static_cast<int64_t>(gd.h0 + r) * p.q_stride_head)
+                        : kZeroRow;
+  }
+  for (int c = 0; c < kChunks; ++c) {
+    transpose16x16_rows(rows, qt + 256 * c, 16);
+    for (int r = 0; r < 16; ++r) rows[r] += 16;
+  }
+}
+
 // One piece on the vector data flow above; Mm supplies the two products:
 //   Mm::kTile                  keys per tile (64 or 128)
-//   Mm::qk(sc, qt, k0, s)      S rows k0 .. k0 + 15 of one group from Kb rows
+//   Mm::qk(sc, qt, k0, s, n_pf) S rows k0 .. k0 + 15 of one group from Kb rows
 //                              k0 .. k0 + 15 (called right after they are
-//                              decoded, while they are in L1) and the group's Qt
+//                              decoded, while they are in L1) and the group's
+//                              Qt; it also prefetches the n_pf lines of sc.pf
 //   Mm::pv(sc, O, nk, nh)      O += P V over the 32-key steps holding nk keys
 //   Mm::kNeedsPa               whether pv reads Pa (else Yt)
+//   Mm::kQkPairs               whether Mm::qk2(sc, qt0, qt1, k0, s0, s1, n_pf) scores
+//                              two groups at once (consecutive groups that see the keys)
 //   Mm::begin() / Mm::end()    around the piece (AMX tile configuration)
-template <class Mm>
-MLA_TARGET_AVX512 void run_piece(const PieceArgs& a, const CallScales& cs) {
+template <class Mm, KvFormat F>
+MLA_TARGET_AVX512 void run_piece_format(const PieceArgs& a, const CallScales& cs) {
   static_assert(Mm::kTile % 32 == 0 && Mm::kTile <= kMaxTileKeys, "tile size");
   const MlaDecodeParams& p = *a.p;
   Scratch& sc = thread_scratch<Scratch>();
@@ -371,11 +431,35 @@ MLA_TARGET_AVX512 void run_piece(const PieceArgs& a, const CallScales& cs) {
       const int nv = std::min<int32_t>(Mm::kTile, key_end - j0);
       for (int k0 = 0; k0 < nv; k0 += kSubTile) {
         MLA_PROFILE_START();
-        decode_keys(p, a.b, j0, k0, std::min(nv, k0 + kSubTile), nv, Mm::kTile, key_end, sc);
+        // bf16 rows are their own Kb: QK reads a full sub-tile of consecutive
+        // rows kRowDwords apart straight from the cache.
+        bool direct = false;
+        if constexpr (F == KvFormat::kBf16) {
+          if (k0 + kSubTile <= nv && p.kv_row_stride_bytes == 4 * kRowDwords) {
+            const int64_t r0 = kv_row(p, a.b, j0 + k0);
+            direct = true;
+            for (int k = 1; k < kSubTile && direct; ++k) direct = kv_row(p, a.b, j0 + k0 + k) == r0 + k;
+            if (direct) {
+              sc.kq = reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(p.kv) + r0 * p.kv_row_stride_bytes);
+            }
+          }
+        }
+        if (!direct) sc.kq = sc.kb + k0 * kRowDwords;
+        decode_keys<F>(p, a.b, j0, k0, std::min(nv, k0 + kSubTile), nv, !direct, sc);
         MLA_PROFILE_LAP(Mm::kNeedsPa, kDecode);
-        for (int g = 0; g < a.ng; ++g) {
-          if (a.groups[g].visible - j0 <= k0) continue;  // the group sees none of these keys
-          Mm::qk(sc, sc.qt + g * kQtDwords, k0, sc.s + g * (kMaxTileKeys * 16));
+        int n_pf = list_prefetch_lines<F>(p, a.b, j0 + k0 + kPrefetchAhead, key_end, sc.pf);
+        int g = 0;
+        while (g < a.ng && a.groups[g].visible - j0 <= k0) ++g;  // groups that see none of these keys
+        if constexpr (Mm::kQkPairs) {
+          for (; g + 1 < a.ng; g += 2) {
+            Mm::qk2(sc, sc.qt + g * kQtDwords, sc.qt + (g + 1) * kQtDwords, k0, sc.s + g * (kMaxTileKeys * 16),
+                    sc.s + (g + 1) * (kMaxTileKeys * 16), n_pf);
+            n_pf = 0;  // the first QK call of the sub-tile issues them
+          }
+        }
+        for (; g < a.ng; ++g) {
+          Mm::qk(sc, sc.qt + g * kQtDwords, k0, sc.s + g * (kMaxTileKeys * 16), n_pf);
+          n_pf = 0;
         }
         MLA_PROFILE_LAP(Mm::kNeedsPa, kQk);
       }
@@ -405,6 +489,16 @@ MLA_TARGET_AVX512 void run_piece(const PieceArgs& a, const CallScales& cs) {
     Mm::end();
   }
   end_piece_state(a, sc.m2);
+}
+
+template <class Mm>
+MLA_TARGET_AVX512 void run_piece(const PieceArgs& a, const CallScales& cs) {
+  switch (a.p->format) {
+    case KvFormat::kBf16: return run_piece_format<Mm, KvFormat::kBf16>(a, cs);
+    case KvFormat::kFp8E4M3FN: return run_piece_format<Mm, KvFormat::kFp8E4M3FN>(a, cs);
+    case KvFormat::kFp8E4M3FNUZ: return run_piece_format<Mm, KvFormat::kFp8E4M3FNUZ>(a, cs);
+    case KvFormat::kMxfp4: return run_piece_format<Mm, KvFormat::kMxfp4>(a, cs);
+  }
 }
 
 }  // namespace vec
