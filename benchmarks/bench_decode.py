@@ -10,12 +10,11 @@ wheel has it too; this file only runs it (benchmarks/README.md describes it).
 import sys
 from pathlib import Path
 
-try:
-    from mla_decode.bench import main
-except ImportError:
-    # Not installed: the package of this checkout (built in place).
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from mla_decode.bench import main
+# The package of this checkout (built in place), ahead of any installed copy.
+_CHECKOUT = Path(__file__).resolve().parent.parent
+if (_CHECKOUT / "mla_decode" / "__init__.py").exists():
+    sys.path.insert(0, str(_CHECKOUT))
+from mla_decode.bench import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -67,6 +67,19 @@ def test_cli_bench_smoke(tmp_path):
     assert (tmp_path / "sweep_h128.csv").exists() and (tmp_path / "results.json").exists()
 
 
+def test_cli_bench_sweep_q_len_2(tmp_path):
+    """The MTP sweep (--sweep-q-len 2): its own CSV, rows with q_len 2, errors against float64 that
+    apply the bottom-right causal mask (a wrong mask would show as a large error)."""
+    out = run("-m", "mla_decode", "bench", "--quick", "--cpu-smoke", "--skip-competition", "--sweep-q-len", "2",
+              "--out", str(tmp_path))
+    assert "sweep H=128 q_len=2: geomean" in out
+    with open(tmp_path / "sweep_h128_q2.csv") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["provider"] == "mla_decode"]
+    assert rows and all(r["q_len"] == "2" for r in rows)
+    for r in rows:
+        assert not r["error"] and float(r["err_vs_own_cache"]) < 8e-3, r
+
+
 def test_time_rounds_interleaves_and_drops_a_failing_provider():
     from mla_decode.timing import L2Flusher, time_rounds
     order = []

@@ -12,7 +12,8 @@ On a GPU:
     format (a kernel that only reads that format's cache bytes). Score: the
     geometric mean over the shapes of the mean time; each row also gives its
     time over the computed floor and over the measured streaming floor.
-(b) H = 128 sweep (--sweep-heads): batch {1, 4, 32, 64, 256} x kv {1024, 8192},
+(b) H = 128 sweep (--sweep-heads; --sweep-q-len 2 for MTP, bottom-right causal):
+    batch {1, 4, 32, 64, 256} x kv {1024, 8192},
     torch.ops.mla_decode.decode and the peers, each captured in a CUDA graph
     over rotated input copies (~3x L2, so no shape sits in L2). Each row is
     several short windows (--window-ms of GPU work) after idle gaps (--gap-s),
@@ -74,6 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sweep-heads", type=int, default=128,
                    help="query heads of sweep (b) (default 128: DeepSeek without tensor parallelism; 64 is TP2); "
                         "its CSV is sweep_h<heads>.csv")
+    g.add_argument("--sweep-q-len", type=int, default=1,
+                   help="query tokens per item in sweep (b) (default 1; 2 is MTP / speculative decoding: the "
+                        "bottom-right causal mask, peers with causal=True); its CSV is sweep_h<heads>_q<q_len>.csv")
     g.add_argument("--peers", default="auto",
                    help="comma list among flash_mla,flashinfer, 'auto' (those importable) or 'none'")
     g.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
@@ -293,6 +297,7 @@ def run(args) -> int:
 
     comp_rows, sweep_rows = [], []
     sweep_name = sections.sweep_section(args)
+    sweep_label = f"H={args.sweep_heads}" + (f" q_len={args.sweep_q_len}" if args.sweep_q_len > 1 else "")
     monitor.start()
     try:
         if not args.skip_competition:
@@ -317,17 +322,20 @@ def run(args) -> int:
             if device.type == "cuda":
                 how = (f"back-to-back windows, {args.sweep_seconds} s per row" if args.sustained else
                        f"{args.windows} windows of ~{args.window_ms:g} ms after {args.gap_s:g} s idle gaps")
-                log(f"== (b) H={args.sweep_heads} sweep: CUDA-graph replay, {how}, providers interleaved, "
+                log(f"== (b) {sweep_label} sweep: CUDA-graph replay, {how}, "
+                    "providers interleaved, "
                     "no L2 flush (input copies rotated to ~3x L2) ==")
             else:
-                log(f"== (b) H={args.sweep_heads} sweep: CPU eager loop (no graphs on the CPU) ==")
+                log(f"== (b) {sweep_label} sweep: CPU eager loop (no graphs on the "
+                    "CPU) ==")
             try:
                 sections.sweep(args, ctx, sweep_rows)
             except Exception:  # noqa: BLE001
                 log("sweep section aborted:\n" + traceback.format_exc())
-                sweep_rows.append(report.make_row(sweep_name, "mla_decode", "-", 0, 0, args.sweep_heads, 1, "-", [],
+                sweep_rows.append(report.make_row(sweep_name, "mla_decode", "-", 0, 0, args.sweep_heads,
+                                                  args.sweep_q_len, "-", [],
                                                   args, primary="median_us", error="section aborted (traceback above)"))
-            report.print_table(sweep_rows, f"H={args.sweep_heads} sweep (per-call time: median over windows; mean "
+            report.print_table(sweep_rows, f"{sweep_label} sweep (per-call time: median over windows; mean "
                                "and min also shown; c/m: the compute or the memory floor binds; [MHz, W, throttle "
                                "reasons]: nvidia-smi during the row's windows)", log)
             report.write_csv(out_dir / f"{sweep_name}.csv", sweep_rows)
@@ -343,7 +351,7 @@ def run(args) -> int:
                                                f"competition protocol H=16 ({where})")
     if sweep_rows:
         plots[f"{sweep_name}.png"] = report.plot(sweep_rows, out_dir / f"{sweep_name}.png",
-                                                 f"H={args.sweep_heads} sweep ({where})")
+                                                 f"{sweep_label} sweep ({where})")
     meta["plots"] = plots
     meta["elapsed_s"] = round(time.time() - t_start, 1)
     with open(out_dir / "results.json", "w") as fh:
@@ -361,7 +369,7 @@ def run(args) -> int:
         f"{(meta['git']['commit'] or '-')[:10]} | {meta['elapsed_s']} s")
     report.print_summary(f"competition H=16: geomean of means ({args.iters} iterations), computed floor at "
                          f"{args.peak_bw / 1e12:.1f} TB/s:", comp_sum, log)
-    report.print_summary(f"sweep H={args.sweep_heads}: geomean of medians, floor = max(memory, compute):", sweep_sum,
+    report.print_summary(f"sweep {sweep_label}: geomean of medians, floor = max(memory, compute):", sweep_sum,
                          log)
     n_err = sum(1 for r in comp_rows + sweep_rows if r["error"])
     if n_err:

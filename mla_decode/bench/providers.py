@@ -153,7 +153,8 @@ class FlashMLAPeer(Peer):
         states = []
         for q, kv in sets:
             st = {"q": q.view(b, s_q, h, D_QK), "k": kv.view(n_pages, self.PAGE, 1, D_QK), "table": table,
-                  "seqlens": seqlens, "sm": float(config["sm_scale"]), "shape": (b * s_q, h, D_V)}
+                  "seqlens": seqlens, "sm": float(config["sm_scale"]), "shape": (b * s_q, h, D_V),
+                  "causal": s_q > 1}  # MTP: the bottom-right causal mask, as mla_decode's
             if self.api == "current":
                 st["meta"], st["splits"] = self.mod.get_mla_metadata()
                 self.call(st)                 # fills this set's metadata, outside the timing
@@ -164,7 +165,7 @@ class FlashMLAPeer(Peer):
 
     def call(self, st):
         out, _ = self.mod.flash_mla_with_kvcache(st["q"], st["k"], st["table"], st["seqlens"], D_V, st["meta"],
-                                                 st["splits"], softmax_scale=st["sm"], causal=False)
+                                                 st["splits"], softmax_scale=st["sm"], causal=st["causal"])
         return out.view(st["shape"])
 
 
@@ -181,7 +182,7 @@ class FlashInferPeer(Peer):
 
     def prepare(self, sets, qo_indptr, kv_indptr, config):
         from flashinfer.mla import BatchMLAPagedAttentionWrapper
-        b = int(config["batch_size"])
+        b, s_q = int(config["batch_size"]), int(config["q_seq_len"])
         q0, kv0 = sets[0]
         L = _uniform_len(kv_indptr, b, kv0.shape[0])
         h, dev = q0.shape[1], q0.device
@@ -192,7 +193,7 @@ class FlashInferPeer(Peer):
         ppb = L // page
         w.plan(qo_indptr, torch.arange(b + 1, dtype=torch.int32, device=dev) * ppb,
                torch.arange(b * ppb, dtype=torch.int32, device=dev), torch.full((b,), L, dtype=torch.int32, device=dev),
-               h, D_V, D_QK - D_V, page, False, float(config["sm_scale"]), q0.dtype, kv0.dtype)
+               h, D_V, D_QK - D_V, page, s_q > 1, float(config["sm_scale"]), q0.dtype, kv0.dtype)
         states = []
         for q, kv in sets:
             paged = kv.view(-1, page, D_QK)

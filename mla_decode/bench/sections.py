@@ -35,7 +35,7 @@ def sweep_shapes(device):
 
 def sweep_section(args) -> str:
     """The sweep's name: its rows' section, its CSV / PNG stem and its results.json key."""
-    return f"sweep_h{args.sweep_heads}"
+    return f"sweep_h{args.sweep_heads}" + (f"_q{args.sweep_q_len}" if args.sweep_q_len > 1 else "")
 
 
 def _error_text(exc) -> str:
@@ -206,7 +206,7 @@ class _Entry:
 def sweep(args, ctx, rows):
     """Appends rows (so a crash keeps what was measured)."""
     device, log = ctx.device, ctx.log
-    heads = args.sweep_heads
+    heads, q_len = args.sweep_heads, args.sweep_q_len
     section = sweep_section(args)
     shapes = sweep_shapes(device)
     l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) if device.type == "cuda" else 0
@@ -216,10 +216,10 @@ def sweep(args, ctx, rows):
     gap_s = 0.0 if sustained else args.gap_s
     for si, (b, kv) in enumerate(shapes):
         try:
-            data = generate_input(b, 1, kv, seed=args.seed, device=device, num_heads=heads)
+            data = generate_input(b, q_len, kv, seed=args.seed, device=device, num_heads=heads)
         except Exception as exc:  # noqa: BLE001
             for fmt in args.formats:
-                rows.append(make_row(section, "mla_decode", fmt, b, kv, heads, 1, "-", [], args, primary="median_us",
+                rows.append(make_row(section, "mla_decode", fmt, b, kv, heads, q_len, "-", [], args, primary="median_us",
                                      error=f"generate_input failed: {_error_text(exc)}"))
             continue
         q, kv_data, qo, kvp, cfg = data
@@ -289,7 +289,7 @@ def sweep(args, ctx, rows):
                     extra.update(refs.errors(e.out_fn(), e.fmt))
                 except Exception as exc:  # noqa: BLE001
                     e.error = f"accuracy: {_error_text(exc)}"
-            row = make_row(section, e.provider, e.fmt, b, kv, heads, 1, method, e.times, args, primary="median_us",
+            row = make_row(section, e.provider, e.fmt, b, kv, heads, q_len, method, e.times, args, primary="median_us",
                            error=e.error, **extra)
             ctx.monitor.annotate(row, e.intervals)
             shape_rows.append(row)
