@@ -293,9 +293,10 @@ MLA_TARGET_AVX512F static inline void zero_v_keys(int from, int to, Scratch& sc)
 
 // Online-softmax step of one group over the tile's first nk keys (S holds
 // their raw dot products; they become log2-domain logits): updates m2,
-// rescales l and O where the reference max moves; returns the reference max.
+// rescales l and O where the reference max moves (O only after the piece's
+// first tile: before it O holds nothing yet); returns the reference max.
 MLA_TARGET_AVX512F static inline __m512 softmax_update(int nk, float logit_scale_log2, float* s, float* m2, float* l,
-                                                      float* O) {
+                                                      float* O, bool first) {
   const __m512 scale = _mm512_set1_ps(logit_scale_log2);
   __m512 bm = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int k = 0; k < nk; ++k) {
@@ -311,7 +312,7 @@ MLA_TARGET_AVX512F static inline __m512 softmax_update(int nk, float logit_scale
     _mm512_storeu_ps(l, _mm512_mul_ps(_mm512_loadu_ps(l), alpha));
     alignas(64) float al[16];
     _mm512_store_ps(al, alpha);
-    for (int r = 0; r < 16; ++r) {
+    for (int r = 0; r < 16 && !first; ++r) {
       if (!((move >> r) & 1)) continue;
       const __m512 ar = _mm512_set1_ps(al[r]);
       float* o = O + r * kORow;
@@ -411,7 +412,8 @@ MLA_TARGET_AVX512F static inline void build_qt(const MlaDecodeParams& p, const G
 //                              k0 .. k0 + 15 (called right after they are
 //                              decoded, while they are in L1) and the group's
 //                              Qt; it also prefetches the n_pf lines of sc.pf
-//   Mm::pv(sc, O, nk, nh)      O += P V over the 32-key steps holding nk keys
+//   Mm::pv(sc, O, nk, nh, first) O += P V over the 32-key steps holding nk keys
+//                              (O = P V where first: the piece's first tile)
 //   Mm::kNeedsPa               whether pv reads Pa (else Yt)
 //   Mm::kQkPairs               whether Mm::qk2(sc, qt0, qt1, k0, s0, s1, n_pf) scores
 //                              two groups at once (consecutive groups that see the keys)
@@ -475,14 +477,15 @@ MLA_TARGET_AVX512 void run_piece_format(const PieceArgs& a, const CallScales& cs
         }
         float* O = a.O + static_cast<int64_t>(g) * kOFloats;
         float* s = sc.s + g * (kMaxTileKeys * 16);
-        const __m512 m_ref = softmax_update(nk, logit_scale_log2, s, sc.m2 + g * 16, a.l + g * 16, O);
+        const bool first = j0 == a.key_begin;  // O is written, not accumulated
+        const __m512 m_ref = softmax_update(nk, logit_scale_log2, s, sc.m2 + g * 16, a.l + g * 16, O, first);
         probs_pairs(nk, m_ref, s, a.l + g * 16, sc.yt);
         MLA_PROFILE_LAP(Mm::kNeedsPa, kSoftmax);
         if (Mm::kNeedsPa) {
           for (int h = 0; h < (nk + 31) / 32 * 16; h += 16) transpose16x16(sc.yt + h * 16, 16, sc.pa + h, kPaRow);
         }
         MLA_PROFILE_LAP(Mm::kNeedsPa, kTranspose);
-        Mm::pv(sc, O, nk, a.groups[g].nh);
+        Mm::pv(sc, O, nk, a.groups[g].nh, first);
         MLA_PROFILE_LAP(Mm::kNeedsPa, kPv);
       }
     }
