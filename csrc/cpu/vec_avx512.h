@@ -8,9 +8,11 @@
 //        transposed to [chunk c < 18][pair k < 16][row r < 16] dwords, i.e.
 //        dword (q[r][32c+2k], q[r][32c+2k+1]). This is the B operand of the
 //        AMX QK product, and the 16-row vectors the AVX-512 QK multiplies.
-//   Kb   each tile: its keys decoded in registers to bf16 (exact: every fp8
-//        and E2M1 value is a bf16 value; the E8M0 scale is an exponent add),
-//        row-major [key][576]: the AMX QK A operand, the AVX-512 broadcasts.
+//   Kb   each sub-tile of 16 keys: its keys decoded in registers to bf16
+//        (exact: every fp8 and E2M1 value is a bf16 value; the E8M0 scale is
+//        an exponent add), row-major [key][576], one buffer that every
+//        sub-tile reuses (so its lines stay in L1): the AMX QK A operand, the
+//        AVX-512 broadcasts.
 //        The cache lines of the sub-tile 32 keys ahead are prefetched into L1
 //        during the QK of the current one (spread over its loop).
 //   Vv   the same registers, keys interleaved in pairs: [pair i][d < 512 (+16 pad)]
@@ -83,7 +85,7 @@ constexpr int kPaRow = kMaxTileKeys / 2;        // dwords between rows of Pa
 // Per-thread buffers of a piece (64-byte aligned; about 500 KB).
 struct alignas(64) Scratch {
   uint32_t qt[kMaxGroupsPerPiece * kQtDwords];
-  uint32_t kb[kMaxTileKeys * kRowDwords];
+  uint32_t kb[kSubTile * kRowDwords];  // the current sub-tile's keys (the same lines for every sub-tile)
   uint32_t vv[kMaxTileKeys / 2 * kVvRow];
   float s[kMaxGroupsPerPiece * kMaxTileKeys * 16];  // per group: [key][16 rows]
   float c4[4 * 256];                                 // AMX: four partial S tiles of one sub-tile
@@ -235,7 +237,7 @@ MLA_TARGET_AVX512F static inline int list_prefetch_lines(const MlaDecodeParams& 
 
 // Decodes keys [k_begin, k_end) of the tile starting at key j0 of item b
 // (k_begin even; a pair's second key at or beyond nv is zero) into Vv and,
-// where store_kb, into Kb.
+// where store_kb, into Kb (key k_begin at its first row).
 // F is the cache format: one instantiation per format keeps the format switch
 // and the MX scale addressing out of the chunk loop.
 template <KvFormat F>
@@ -255,7 +257,7 @@ MLA_TARGET_AVX512F static inline void decode_keys(const MlaDecodeParams& p, int3
     const uint8_t* p1 = kv + r1 * p.kv_row_stride_bytes;
     const uint8_t* s0 = F == KvFormat::kMxfp4 ? mx + r0 * p.mx_scale_stride_row : nullptr;
     const uint8_t* s1 = F == KvFormat::kMxfp4 ? mx + r1 * p.mx_scale_stride_row : nullptr;
-    uint32_t* k0 = sc.kb + j * kRowDwords;
+    uint32_t* k0 = sc.kb + (j - k_begin) * kRowDwords;
     uint32_t* k1 = k0 + kRowDwords;
     uint32_t* vrow = sc.vv + (j / 2) * kVvRow;
     for (int c = 0; c < kChunks; ++c) {
@@ -408,8 +410,8 @@ MLA_TARGET_AVX512F static inline void build_qt(const MlaDecodeParams& p, const G
 
 // One piece on the vector data flow above; Mm supplies the two products:
 //   Mm::kTile                  keys per tile (64 or 128)
-//   Mm::qk(sc, qt, k0, s, n_pf) S rows k0 .. k0 + 15 of one group from Kb rows
-//                              k0 .. k0 + 15 (called right after they are
+//   Mm::qk(sc, qt, k0, s, n_pf) S rows k0 .. k0 + 15 of one group from the 16
+//                              rows at sc.kq (Kb, called right after they are
 //                              decoded, while they are in L1) and the group's
 //                              Qt; it also prefetches the n_pf lines of sc.pf
 //   Mm::pv(sc, O, nk, nh, first) O += P V over the 32-key steps holding nk keys
@@ -446,7 +448,7 @@ MLA_TARGET_AVX512 void run_piece_format(const PieceArgs& a, const CallScales& cs
             }
           }
         }
-        if (!direct) sc.kq = sc.kb + k0 * kRowDwords;
+        if (!direct) sc.kq = sc.kb;
         decode_keys<F>(p, a.b, j0, k0, std::min(nv, k0 + kSubTile), nv, !direct, sc);
         MLA_PROFILE_LAP(Mm::kNeedsPa, kDecode);
         int n_pf = list_prefetch_lines<F>(p, a.b, j0 + k0 + kPrefetchAhead, key_end, sc.pf);
