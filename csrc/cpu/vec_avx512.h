@@ -82,7 +82,7 @@ constexpr int kVvRow = kHeadDimV + 16;           // dwords between key pairs of 
 
 constexpr int kPaRow = kMaxTileKeys / 2;        // dwords between rows of Pa
 
-// Per-thread buffers of a piece (64-byte aligned; about 500 KB).
+// Per-thread buffers of a piece (64-byte aligned; about 380 KB).
 struct alignas(64) Scratch {
   uint32_t qt[kMaxGroupsPerPiece * kQtDwords];
   uint32_t kb[kSubTile * kRowDwords];  // the current sub-tile's keys (the same lines for every sub-tile)
