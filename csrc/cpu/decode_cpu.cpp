@@ -202,6 +202,12 @@ inline uint16_t bf16_bits_rne(float x) {
   return static_cast<uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : rounded);
 }
 
+// o[d] = bf16(f * a[d]), d < kHeadDimV: the output rounding, cloned per ISA
+// level like add_scaled_row.
+MLA_ISA_CLONES void store_row_bf16(uint16_t* o, const float* a, float f) {
+  for (int d = 0; d < kHeadDimV; ++d) o[d] = bf16_bits_rne(a[d] * f);
+}
+
 // out = o_scale * O / l (bf16), lse = m + log(l); a row that sees no key gets 0 and -inf.
 void store_group(const MlaDecodeParams& p, const GroupDesc& gd, const float* O, const float* m, const float* l,
                  float o_scale) {
@@ -218,7 +224,7 @@ void store_group(const MlaDecodeParams& p, const GroupDesc& gd, const float* O, 
     }
     const float f = o_scale / l[h];
     const float* a = O + h * cpu::kORow;
-    for (int d = 0; d < kHeadDimV; ++d) o[d] = bf16_bits_rne(a[d] * f);
+    store_row_bf16(o, a, f);
     *lse = m[h] + std::log(l[h]);
   }
 }

@@ -106,9 +106,10 @@ struct AmxMm {
 
   // O += Pa . Vv over `steps` 32-key steps (1..4): A tiles tmm4 .. tmm7 hold
   // Pa for keys 32s .. 32s + 31; for each pair of 16-dim chunks (n, n + 1) the
-  // two C tiles (tmm0 / tmm1) are loaded from O once, take every step's product
+  // two C tiles (tmm0 / tmm1) are loaded from O once (zeroed instead on the
+  // piece's first tile), take every step's product
   // with B = Vv pairs 16s .. 16s + 15 x 16 dims (tmm2 / tmm3), and are stored back.
-  MLA_TARGET_AMX static void pv(Scratch& sc, float* O, int nk, int /*nh*/) {
+  MLA_TARGET_AMX static void pv(Scratch& sc, float* O, int nk, int /*nh*/, bool first) {
     constexpr int kPaStride = kPaRow * 4;  // bytes between rows of Pa
     constexpr int kVvStride = kVvRow * 4;  // bytes between key pairs of Vv
     constexpr int kOStride = kORow * 4;
@@ -124,8 +125,13 @@ struct AmxMm {
   _tile_loadd(3, vv + (16 * (st)) * kVvRow + 16 * (n + 1), kVvStride);   \
   _tile_dpbf16ps(1, A, 3);
     for (int n = 0; n < kHeadDimV / 16; n += 2) {
-      _tile_loadd(0, O + 16 * n, kOStride);
-      _tile_loadd(1, O + 16 * (n + 1), kOStride);
+      if (first) {
+        _tile_zero(0);
+        _tile_zero(1);
+      } else {
+        _tile_loadd(0, O + 16 * n, kOStride);
+        _tile_loadd(1, O + 16 * (n + 1), kOStride);
+      }
       MLA_PV_STEP(0, 4)
       if (steps > 1) {
         MLA_PV_STEP(1, 5)

@@ -208,7 +208,8 @@ MLA_TARGET_AVX2 static void qk(const float* qt, const float* kf, int nk, float* 
 }
 
 // Softmax step (see vec_avx512.h softmax_update); leaves p in S (0 beyond nk).
-MLA_TARGET_AVX2 static void softmax(int nk, float logit_scale_log2, float* s, float* m2, float* l, float* O) {
+MLA_TARGET_AVX2 static void softmax(int nk, float logit_scale_log2, float* s, float* m2, float* l, float* O,
+                                    bool first) {
   const __m256 scale = _mm256_set1_ps(logit_scale_log2);
   for (int half = 0; half < 2; ++half) {
     __m256 bm = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
@@ -227,7 +228,7 @@ MLA_TARGET_AVX2 static void softmax(int nk, float logit_scale_log2, float* s, fl
       lsum = _mm256_mul_ps(lsum, alpha);
       alignas(32) float al[8];
       _mm256_store_ps(al, alpha);
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < 8 && !first; ++r) {
         if (!((move_bits >> r) & 1)) continue;
         const __m256 ar = _mm256_set1_ps(al[r]);
         float* o = O + (8 * half + r) * kORow;
@@ -248,12 +249,13 @@ MLA_TARGET_AVX2 static void softmax(int nk, float logit_scale_log2, float* s, fl
 // O rows r0 .. r0 + NR - 1, dims d0 .. d0 + 15 += P V over nk keys: 2 NR
 // accumulators; each key two Kf vectors times each row's probability.
 template <int NR>
-MLA_TARGET_AVX2 static inline void pv_block(const float* pk, const float* kf, int nk, int r0, int d0, float* O) {
+MLA_TARGET_AVX2 static inline void pv_block(const float* pk, const float* kf, int nk, int r0, int d0, float* O,
+                                            bool first) {
   __m256 acc[NR][2];
 #pragma GCC unroll 6
   for (int r = 0; r < NR; ++r) {
-    acc[r][0] = _mm256_load_ps(O + (r0 + r) * kORow + d0);
-    acc[r][1] = _mm256_load_ps(O + (r0 + r) * kORow + d0 + 8);
+    acc[r][0] = first ? _mm256_setzero_ps() : _mm256_load_ps(O + (r0 + r) * kORow + d0);
+    acc[r][1] = first ? _mm256_setzero_ps() : _mm256_load_ps(O + (r0 + r) * kORow + d0 + 8);
   }
   for (int k = 0; k < nk; ++k) {
     const __m256 v0 = _mm256_load_ps(kf + k * kHeadDimQK + d0), v1 = _mm256_load_ps(kf + k * kHeadDimQK + d0 + 8);
@@ -271,10 +273,10 @@ MLA_TARGET_AVX2 static inline void pv_block(const float* pk, const float* kf, in
   }
 }
 
-// O rows < nh.
-MLA_TARGET_AVX2 static void pv(const float* pk, const float* kf, int nk, int nh, float* O) {
+// O rows < nh (written, not accumulated, where first).
+MLA_TARGET_AVX2 static void pv(const float* pk, const float* kf, int nk, int nh, float* O, bool first) {
   for (int d0 = 0; d0 < kHeadDimV; d0 += 16) {
-    for_blocks_of_6(nh, [&](auto nr, int r0) { pv_block<decltype(nr)::value>(pk, kf, nk, r0, d0, O); });
+    for_blocks_of_6(nh, [&](auto nr, int r0) { pv_block<decltype(nr)::value>(pk, kf, nk, r0, d0, O, first); });
   }
 }
 
@@ -294,8 +296,9 @@ MLA_TARGET_AVX2 static void run_piece(const PieceArgs& a, const CallScales& cs) 
         if (nk <= 0) break;
         float* O = a.O + static_cast<int64_t>(g) * kOFloats;
         qk(sc.qt + g * kHeadDimQK * 16, sc.kf, nk, sc.s);
-        softmax(nk, logit_scale_log2, sc.s, sc.m2 + g * 16, a.l + g * 16, O);
-        pv(sc.s, sc.kf, nk, a.groups[g].nh, O);
+        const bool first = j0 == a.key_begin;  // O is written, not accumulated
+        softmax(nk, logit_scale_log2, sc.s, sc.m2 + g * 16, a.l + g * 16, O, first);
+        pv(sc.s, sc.kf, nk, a.groups[g].nh, O, first);
       }
     }
   }

@@ -8,7 +8,8 @@
 //       The QK loop also issues the sub-tile's list of cache-line prefetches,
 //       one per dim pair.
 //   PV: lanes are 16 output dims. Blocks of 4 rows x 64 dims (16
-//       accumulators, loaded from and stored to O once per tile); for each key
+//       accumulators, loaded from and stored to O once per tile, zero on the
+//       piece's first tile); for each key
 //       pair 4 Vv vectors times each row's probability pair broadcast from Yt.
 #include "cpu/kernel_common.h"
 
@@ -80,7 +81,7 @@ struct Avx512Mm {
     }
   }
 
-  MLA_TARGET_AVX512 static void pv(Scratch& sc, float* O, int nk, int nh) {
+  MLA_TARGET_AVX512 static void pv(Scratch& sc, float* O, int nk, int nh, bool first) {
     const int pairs = (nk + 31) / 32 * 16;
     const int rows = (nh + 3) / 4 * 4;
     for (int d0 = 0; d0 < kHeadDimV; d0 += 64) {
@@ -89,7 +90,9 @@ struct Avx512Mm {
 #pragma GCC unroll 4
         for (int r = 0; r < 4; ++r) {
 #pragma GCC unroll 4
-          for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_load_ps(O + (r0 + r) * kORow + d0 + 16 * c);
+          for (int c = 0; c < 4; ++c) {
+            acc[r][c] = first ? _mm512_setzero_ps() : _mm512_load_ps(O + (r0 + r) * kORow + d0 + 16 * c);
+          }
         }
         for (int i = 0; i < pairs; ++i) {
           const uint32_t* vrow = sc.vv + i * kVvRow + d0;
@@ -193,7 +196,7 @@ MLA_TARGET_AVX512F static void qk32(const float* qt, const float* kf, int nk, fl
   }
 }
 
-MLA_TARGET_AVX512F static void pv32(const float* pk, const float* kf, int nk, int nh, float* O) {
+MLA_TARGET_AVX512F static void pv32(const float* pk, const float* kf, int nk, int nh, float* O, bool first) {
   const int rows = (nh + 3) / 4 * 4;
   for (int d0 = 0; d0 < kHeadDimV; d0 += 64) {
     for (int r0 = 0; r0 < rows; r0 += 4) {
@@ -201,7 +204,9 @@ MLA_TARGET_AVX512F static void pv32(const float* pk, const float* kf, int nk, in
 #pragma GCC unroll 4
       for (int r = 0; r < 4; ++r) {
 #pragma GCC unroll 4
-        for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_load_ps(O + (r0 + r) * kORow + d0 + 16 * c);
+        for (int c = 0; c < 4; ++c) {
+          acc[r][c] = first ? _mm512_setzero_ps() : _mm512_load_ps(O + (r0 + r) * kORow + d0 + 16 * c);
+        }
       }
       for (int k = 0; k < nk; ++k) {
         __m512 v[4];
@@ -240,9 +245,10 @@ MLA_TARGET_AVX512F static void run_piece32(const PieceArgs& a, const CallScales&
         if (nk <= 0) break;
         float* O = a.O + static_cast<int64_t>(g) * kOFloats;
         qk32(sc.qt + g * kHeadDimQK * 16, sc.kf, nk, sc.s);
-        const __m512 m_ref = softmax_update(nk, logit_scale_log2, sc.s, sc.m2 + g * 16, a.l + g * 16, O);
+        const bool first = j0 == a.key_begin;  // O is written, not accumulated
+        const __m512 m_ref = softmax_update(nk, logit_scale_log2, sc.s, sc.m2 + g * 16, a.l + g * 16, O, first);
         probs_fp32(nk, m_ref, sc.s, a.l + g * 16);
-        pv32(sc.s, sc.kf, nk, a.groups[g].nh, O);
+        pv32(sc.s, sc.kf, nk, a.groups[g].nh, O, first);
       }
     }
   }

@@ -96,18 +96,23 @@ constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kLazyRescale = 8.f;
 
 // The vector paths' running state of a piece before its first key: each row's
-// reference maximum m2 (log2 units, the path's ng x 16 array) -inf, its sum 0,
-// its O rows 0.
+// reference maximum m2 (log2 units, the path's ng x 16 array) -inf, its sum 0.
+// O is not cleared: the PV of a group's first tile (the one at key_begin)
+// starts from zero accumulators and writes it, and that tile's softmax step
+// leaves O alone.
 inline void begin_piece_state(const PieceArgs& a, float* m2) {
   std::fill(m2, m2 + a.ng * kGroupRows, -std::numeric_limits<float>::infinity());
   std::fill(a.l, a.l + a.ng * kGroupRows, 0.f);
-  std::fill(a.O, a.O + static_cast<int64_t>(a.ng) * kOFloats, 0.f);
 }
 
 // ... and after its last key: the natural-log maxima the merge reads (-inf
-// stays -inf).
+// stays -inf), and O = 0 for the groups that saw no key of the piece.
 inline void end_piece_state(const PieceArgs& a, const float* m2) {
   for (int i = 0; i < a.ng * kGroupRows; ++i) a.m[i] = m2[i] * kLn2;
+  for (int g = 0; g < a.ng; ++g) {
+    if (std::min(a.key_end, a.groups[g].visible) > a.key_begin) continue;
+    std::fill(a.O + static_cast<int64_t>(g) * kOFloats, a.O + static_cast<int64_t>(g + 1) * kOFloats, 0.f);
+  }
 }
 
 }  // namespace cpu

@@ -8,9 +8,11 @@
 //        transposed to [chunk c < 18][pair k < 16][row r < 16] dwords, i.e.
 //        dword (q[r][32c+2k], q[r][32c+2k+1]). This is the B operand of the
 //        AMX QK product, and the 16-row vectors the AVX-512 QK multiplies.
-//   Kb   each tile: its keys decoded in registers to bf16 (exact: every fp8
-//        and E2M1 value is a bf16 value; the E8M0 scale is an exponent add),
-//        row-major [key][576]: the AMX QK A operand, the AVX-512 broadcasts.
+//   Kb   each sub-tile of 16 keys: its keys decoded in registers to bf16
+//        (exact: every fp8 and E2M1 value is a bf16 value; the E8M0 scale is
+//        an exponent add), row-major [key][576], one buffer that every
+//        sub-tile reuses (so its lines stay in L1): the AMX QK A operand, the
+//        AVX-512 broadcasts.
 //        The cache lines of the sub-tile 32 keys ahead are prefetched into L1
 //        during the QK of the current one (spread over its loop).
 //   Vv   the same registers, keys interleaved in pairs: [pair i][d < 512 (+16 pad)]
@@ -80,10 +82,10 @@ constexpr int kVvRow = kHeadDimV + 16;           // dwords between key pairs of 
 
 constexpr int kPaRow = kMaxTileKeys / 2;        // dwords between rows of Pa
 
-// Per-thread buffers of a piece (64-byte aligned; about 500 KB).
+// Per-thread buffers of a piece (64-byte aligned; about 380 KB).
 struct alignas(64) Scratch {
   uint32_t qt[kMaxGroupsPerPiece * kQtDwords];
-  uint32_t kb[kMaxTileKeys * kRowDwords];
+  uint32_t kb[kSubTile * kRowDwords];  // the current sub-tile's keys (the same lines for every sub-tile)
   uint32_t vv[kMaxTileKeys / 2 * kVvRow];
   float s[kMaxGroupsPerPiece * kMaxTileKeys * 16];  // per group: [key][16 rows]
   float c4[4 * 256];                                 // AMX: four partial S tiles of one sub-tile
@@ -213,14 +215,30 @@ MLA_TARGET_AVX512F static inline void prefetch_row(const uint8_t* row_ptr) {
 
 // The cache lines of keys [j, min(j + kSubTile, end)) of item b into pf, each
 // once (rows need not start a line, and consecutive rows share lines);
-// returns their count (at most kSubTile * (kRowLines + 1)).
+// returns their count (at most kSubTile * (kRowLines + 1)). Consecutive dense
+// rows (the contiguous layouts) are one run of lines, listed without per-row
+// work (the per-row list cost ~10-20 TSC ticks per key at H = 16).
 template <KvFormat F>
 MLA_TARGET_AVX512F static inline int list_prefetch_lines(const MlaDecodeParams& p, int32_t b, int32_t j, int32_t end,
                                                           const char** pf) {
   const char* kv = static_cast<const char*>(p.kv);
+  const int32_t k_end = std::min(end, j + kSubTile);
+  if (k_end <= j) return 0;
+  if (p.kv_row_stride_bytes == kCacheRowBytes<F>) {
+    const int64_t r0 = kv_row(p, b, j);
+    bool run = true;
+    for (int32_t k = j + 1; k < k_end && run; ++k) run = kv_row(p, b, k) == r0 + (k - j);
+    if (run) {
+      const uintptr_t first = reinterpret_cast<uintptr_t>(kv + r0 * p.kv_row_stride_bytes) >> 6;
+      const uintptr_t last = (reinterpret_cast<uintptr_t>(kv + (r0 + (k_end - j)) * p.kv_row_stride_bytes) - 1) >> 6;
+      const int n = static_cast<int>(last - first + 1);
+      for (int i = 0; i < n; ++i) pf[i] = reinterpret_cast<const char*>((first + i) << 6);
+      return n;
+    }
+  }
   uintptr_t last = ~uintptr_t{0};  // the line added last
   int n = 0;
-  for (int32_t k = j; k < std::min(end, j + kSubTile); ++k) {
+  for (int32_t k = j; k < k_end; ++k) {
     const char* row = kv + kv_row(p, b, k) * p.kv_row_stride_bytes;
     const uintptr_t first_line = reinterpret_cast<uintptr_t>(row) >> 6;
     const uintptr_t last_line = (reinterpret_cast<uintptr_t>(row) + kCacheRowBytes<F> - 1) >> 6;
@@ -235,7 +253,7 @@ MLA_TARGET_AVX512F static inline int list_prefetch_lines(const MlaDecodeParams& 
 
 // Decodes keys [k_begin, k_end) of the tile starting at key j0 of item b
 // (k_begin even; a pair's second key at or beyond nv is zero) into Vv and,
-// where store_kb, into Kb.
+// where store_kb, into Kb (key k_begin at its first row).
 // F is the cache format: one instantiation per format keeps the format switch
 // and the MX scale addressing out of the chunk loop.
 template <KvFormat F>
@@ -255,7 +273,7 @@ MLA_TARGET_AVX512F static inline void decode_keys(const MlaDecodeParams& p, int3
     const uint8_t* p1 = kv + r1 * p.kv_row_stride_bytes;
     const uint8_t* s0 = F == KvFormat::kMxfp4 ? mx + r0 * p.mx_scale_stride_row : nullptr;
     const uint8_t* s1 = F == KvFormat::kMxfp4 ? mx + r1 * p.mx_scale_stride_row : nullptr;
-    uint32_t* k0 = sc.kb + j * kRowDwords;
+    uint32_t* k0 = sc.kb + (j - k_begin) * kRowDwords;
     uint32_t* k1 = k0 + kRowDwords;
     uint32_t* vrow = sc.vv + (j / 2) * kVvRow;
     for (int c = 0; c < kChunks; ++c) {
@@ -293,9 +311,10 @@ MLA_TARGET_AVX512F static inline void zero_v_keys(int from, int to, Scratch& sc)
 
 // Online-softmax step of one group over the tile's first nk keys (S holds
 // their raw dot products; they become log2-domain logits): updates m2,
-// rescales l and O where the reference max moves; returns the reference max.
+// rescales l and O where the reference max moves (O only after the piece's
+// first tile: before it O holds nothing yet); returns the reference max.
 MLA_TARGET_AVX512F static inline __m512 softmax_update(int nk, float logit_scale_log2, float* s, float* m2, float* l,
-                                                      float* O) {
+                                                      float* O, bool first) {
   const __m512 scale = _mm512_set1_ps(logit_scale_log2);
   __m512 bm = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int k = 0; k < nk; ++k) {
@@ -311,7 +330,7 @@ MLA_TARGET_AVX512F static inline __m512 softmax_update(int nk, float logit_scale
     _mm512_storeu_ps(l, _mm512_mul_ps(_mm512_loadu_ps(l), alpha));
     alignas(64) float al[16];
     _mm512_store_ps(al, alpha);
-    for (int r = 0; r < 16; ++r) {
+    for (int r = 0; r < 16 && !first; ++r) {
       if (!((move >> r) & 1)) continue;
       const __m512 ar = _mm512_set1_ps(al[r]);
       float* o = O + r * kORow;
@@ -407,11 +426,12 @@ MLA_TARGET_AVX512F static inline void build_qt(const MlaDecodeParams& p, const G
 
 // One piece on the vector data flow above; Mm supplies the two products:
 //   Mm::kTile                  keys per tile (64 or 128)
-//   Mm::qk(sc, qt, k0, s, n_pf) S rows k0 .. k0 + 15 of one group from Kb rows
-//                              k0 .. k0 + 15 (called right after they are
+//   Mm::qk(sc, qt, k0, s, n_pf) S rows k0 .. k0 + 15 of one group from the 16
+//                              rows at sc.kq (Kb, called right after they are
 //                              decoded, while they are in L1) and the group's
 //                              Qt; it also prefetches the n_pf lines of sc.pf
-//   Mm::pv(sc, O, nk, nh)      O += P V over the 32-key steps holding nk keys
+//   Mm::pv(sc, O, nk, nh, first) O += P V over the 32-key steps holding nk keys
+//                              (O = P V where first: the piece's first tile)
 //   Mm::kNeedsPa               whether pv reads Pa (else Yt)
 //   Mm::kQkPairs               whether Mm::qk2(sc, qt0, qt1, k0, s0, s1, n_pf) scores
 //                              two groups at once (consecutive groups that see the keys)
@@ -444,7 +464,7 @@ MLA_TARGET_AVX512 void run_piece_format(const PieceArgs& a, const CallScales& cs
             }
           }
         }
-        if (!direct) sc.kq = sc.kb + k0 * kRowDwords;
+        if (!direct) sc.kq = sc.kb;
         decode_keys<F>(p, a.b, j0, k0, std::min(nv, k0 + kSubTile), nv, !direct, sc);
         MLA_PROFILE_LAP(Mm::kNeedsPa, kDecode);
         int n_pf = list_prefetch_lines<F>(p, a.b, j0 + k0 + kPrefetchAhead, key_end, sc.pf);
@@ -475,14 +495,15 @@ MLA_TARGET_AVX512 void run_piece_format(const PieceArgs& a, const CallScales& cs
         }
         float* O = a.O + static_cast<int64_t>(g) * kOFloats;
         float* s = sc.s + g * (kMaxTileKeys * 16);
-        const __m512 m_ref = softmax_update(nk, logit_scale_log2, s, sc.m2 + g * 16, a.l + g * 16, O);
+        const bool first = j0 == a.key_begin;  // O is written, not accumulated
+        const __m512 m_ref = softmax_update(nk, logit_scale_log2, s, sc.m2 + g * 16, a.l + g * 16, O, first);
         probs_pairs(nk, m_ref, s, a.l + g * 16, sc.yt);
         MLA_PROFILE_LAP(Mm::kNeedsPa, kSoftmax);
         if (Mm::kNeedsPa) {
           for (int h = 0; h < (nk + 31) / 32 * 16; h += 16) transpose16x16(sc.yt + h * 16, 16, sc.pa + h, kPaRow);
         }
         MLA_PROFILE_LAP(Mm::kNeedsPa, kTranspose);
-        Mm::pv(sc, O, nk, a.groups[g].nh);
+        Mm::pv(sc, O, nk, a.groups[g].nh, first);
         MLA_PROFILE_LAP(Mm::kNeedsPa, kPv);
       }
     }
