@@ -447,13 +447,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         // The split's last tile: rows past its end may hold another item's
         // keys or NaN (P = 0 times NaN would reach O^T), so dims 0..511 of
         // those rows are zeroed before PV (the fence below covers the stores).
-        const int valid = kv_end - tok0;
-        if (valid < kTileTokens) {
-          for (int i = tid; i < (kTileTokens - valid) * 64; i += 128) {  // 8 column blocks x 8 chunks per row
-            const uint32_t addr = stage + (i % 64 / 8) * kBlockBytes + (valid + i / 64) * 128 + (i % 8) * 16;
-            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0u) : "memory");
-          }
-        }
+        zero_rows_past_split(stage, kv_end - tok0, tid, kBlockBytes);
       }
       uint32_t p_pairs[4];
       probabilities<kFp8>(s, m_run, l_part, p_pairs);

@@ -379,13 +379,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if constexpr (kTma) {
         // The split's last tile: dims 0..511 of the rows past its end to zero
         // (the fence before the P hand-off covers these stores).
-        const int valid = kv_end - tok0;
-        if (valid < kTileTokens) {
-          for (int i = tid; i < (kTileTokens - valid) * 64; i += 128) {  // 8 column blocks x 8 chunks per row
-            const uint32_t addr = stage + (i % 64 / 8) * TT::kBlockBytes + (valid + i / 64) * 128 + (i % 8) * 16;
-            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0u) : "memory");
-          }
-        }
+        zero_rows_past_split(stage, kv_end - tok0, tid, TT::kBlockBytes);
       }
       tiles.mark(t, 2);
       if (t > 0) mbar_wait(mbar(kMbPEmpty), (t - 1) & 1);  // tile t-1's PV is done with P
