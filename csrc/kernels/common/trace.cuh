@@ -56,14 +56,16 @@ struct TraceProbe {
 
 // Per-tile event clocks of one thread (a measurement tool like TraceProbe):
 // clock64() (SM cycles: comparable between the warpgroups of one CTA) at
-// kEvents points of the tiles [first, first + kTiles), written to `dst` at
-// the end. No printf here: a call in a kernel makes ptxas serialise its
+// kEvents points of the tiles [first, first + kTiles), and at start() and
+// done(), written to `dst` (kWords) at the end. No printf here: a call in a kernel makes ptxas serialise its
 // wgmmas (C7510), so the launcher of a trace build prints the buffer with a
 // second kernel (print_tile_trace).
 template <int kEvents, int kTiles>
 struct TileTrace {
+  static constexpr int kWords = kTiles * kEvents + 3;
 #if MLA_TRACE_ENABLED
   long long c[kTiles][kEvents];
+  long long t_start = -1, t_done = -1;
   int first = 0;
   bool on = false;
   __device__ __forceinline__ void start(bool enabled, int first_tile) {
@@ -71,6 +73,10 @@ struct TileTrace {
     first = first_tile;
     for (int i = 0; i < kTiles; ++i)
       for (int e = 0; e < kEvents; ++e) c[i][e] = -1;
+    if (on) t_start = clock64();
+  }
+  __device__ __forceinline__ void done() {
+    if (on) t_done = clock64();
   }
   __device__ __forceinline__ void mark(int tile, int event) {
     const int i = tile - first;
@@ -81,27 +87,34 @@ struct TileTrace {
     for (int i = 0; i < kTiles; ++i)
       for (int e = 0; e < kEvents; ++e) dst[i * kEvents + e] = c[i][e];
     dst[kTiles * kEvents] = first;
+    dst[kTiles * kEvents + 1] = t_start;
+    dst[kTiles * kEvents + 2] = t_done;
   }
 #else
   __device__ __forceinline__ void start(bool, int) {}
+  __device__ __forceinline__ void done() {}
   __device__ __forceinline__ void mark(int, int) {}
   __device__ __forceinline__ void write(long long*) const {}
 #endif
 };
 
 #if MLA_TRACE_ENABLED
-// Prints `roles` TileTrace buffers of kEvents x kTiles (+ the first tile):
-//   TILES <role> <tile> <c0 - c0 of the first tile of role 0> ...
+// Prints `roles` TileTrace buffers of kEvents x kTiles (+ the first tile, the
+// start and done clocks), each clock minus role 0's start clock:
+//   TILES <role> <tile> <c0> <c1> ...
+//   SPAN <role> <start> <done>
 template <int kEvents, int kTiles>
 __global__ void print_tile_trace(const long long* buf, int roles) {
-  const long long t0 = buf[0];
+  constexpr int kWords = kTiles * kEvents + 3;
+  const long long t0 = buf[kTiles * kEvents + 1];
   for (int r = 0; r < roles; ++r) {
-    const long long* b = buf + r * (kTiles * kEvents + 1);
+    const long long* b = buf + r * kWords;
     for (int i = 0; i < kTiles; ++i) {
       printf("TILES %d %lld", r, b[kTiles * kEvents] + i);
       for (int e = 0; e < kEvents; ++e) printf(" %lld", b[i * kEvents + e] < 0 ? -1LL : b[i * kEvents + e] - t0);
       printf("\n");
     }
+    printf("SPAN %d %lld %lld\n", r, b[kTiles * kEvents + 1] - t0, b[kTiles * kEvents + 2] < 0 ? -1LL : b[kTiles * kEvents + 2] - t0);
   }
 }
 #endif

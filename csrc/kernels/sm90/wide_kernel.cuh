@@ -143,6 +143,23 @@ struct Smem {
 static_assert(Smem::kKv % 1024 == 0 && Smem::kP % 1024 == 0, "swizzle atoms are 1024-byte aligned");
 static_assert(Smem::kBars % 8 == 0, "mbarrier alignment");
 
+// P (A of PV: 64 heads x 64 keys, K-major, one 128-byte-swizzled column
+// block at p_smem). pk[2i + r] holds keys 8i + 2c, +1 of row 16 warp + g + 8r:
+// the m8n8 fragment (rows 16 warp + 8r .., keys 8i ..) in the mma layout, so
+// one stmatrix stores four of them: matrix m = lane / 8 is (i0 + m / 2, r =
+// m % 2), and lane gives the address of its row lane % 8.
+__device__ __forceinline__ void store_p(uint32_t p_smem, const uint32_t (&pk)[16], int warp, int lane) {
+  const int mat = lane >> 3, row = 16 * warp + 8 * (mat & 1) + (lane & 7);
+#pragma unroll
+  for (int i0 = 0; i0 < 8; i0 += 2) {
+    const int chunk = i0 + (mat >> 1);
+    const uint32_t addr = p_smem + row * 128 + ((chunk ^ (row & 7)) << 4);
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(pk[2 * i0]),
+                 "r"(pk[2 * i0 + 1]), "r"(pk[2 * i0 + 2]), "r"(pk[2 * i0 + 3])
+                 : "memory");
+  }
+}
+
 
 // Register budgets (setmaxnreg) where the value warpgroups stage codes in
 // registers (OCP fp8, MXFP4): they hold O (128) and the codes of the next
@@ -150,12 +167,20 @@ static_assert(Smem::kBars % 8 == 0, "mbarrier alignment");
 // (32) and the softmax state. 96 + 2 x 200 per thread of a warpgroup fits the
 // 168 x 384 the launch reserves. (bf16 keeps the launch's 168 everywhere.)
 constexpr int kFp8ScoreRegs = 96;
+// Lazy rescaling (log2 domain), as in the narrow kernels: the running
+// reference m_run moves only when a tile's maximum exceeds it by more than
+// this, so P = exp2(s - m_run) <= 2^8 (exact enough in bf16 / f16, far from
+// overflow) and most tiles need no O rescale in the value warpgroups.
+constexpr float kLazyLog2 = 8.f;
+// The rope column block (dims 512..575) is read by QK alone: wg 0 issues its
+// box of tile t + 2 as soon as QK(t) is complete, and QK starts each tile on it.
+constexpr int kRopeBlock = kColBlocks - 1;
 constexpr int kFp8ValueRegs = 200;
 
 // Trace builds (trace.cuh): 5 event clocks of 8 tiles for thread 0 (scores)
 // and thread 128 (values) of CTA (0, 0); wide_launch.cu prints them.
 constexpr int kTileTraceEvents = 5, kTileTraceTiles = 8;
-constexpr int kTileTraceWords = kTileTraceEvents * kTileTraceTiles + 1;
+constexpr int kTileTraceWords = TileTrace<kTileTraceEvents, kTileTraceTiles>::kWords;
 #if MLA_TRACE_ENABLED
 __device__ long long wide_tile_trace[2 * kTileTraceWords];
 __device__ __forceinline__ long long* wide_trace_buffer() { return wide_tile_trace; }
@@ -228,9 +253,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   // -DMLA_DECODE_TRACE only (trace.cuh): cycles of 8 mid-split tiles of CTA (0, 0)
   // at the hand-offs below, for thread 0 (scores) and thread 128 (values).
   TileTrace<kTileTraceEvents, kTileTraceTiles> tiles;
-  tiles.start(blockIdx.x == 0 && blockIdx.y == 0 && (tid == 0 || tid == 128), n_tiles / 2);
+  // (Splits of at most 16 tiles: their first 8.)
+  tiles.start(blockIdx.x == 0 && blockIdx.y == 0 && (tid == 0 || tid == 128), n_tiles > 16 ? n_tiles / 2 : 0);
   // Let the combine kernel (a programmatic dependent) start launching.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+
+  // The indptr layout: the item's first cache row (the TMA form's row coordinates).
+  const bool contiguous = p.layout == KvLayout::kIndptr;
+  const int64_t contiguous_base = (contiguous && !work.orphan) ? static_cast<int64_t>(__ldg(p.kv_indptr + work.b)) : 0;
 
   if (wg == 0) {
     // ===================== scores and softmax ===============================
@@ -289,8 +319,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       // start-address field, which cannot carry: addresses < 2^18).
       const uint64_t desc_q0 = smem_desc_sw128(q_smem, 16, kSwizzleGroupBytes);
       const uint64_t desc_k0 = smem_desc_sw128(stage, 16, kSwizzleGroupBytes);
+      // The TMA form starts on the rope block (landed since QK(t - 2)), so
+      // its first k-steps need not wait for the boxes issued after PV(t - 2).
 #pragma unroll
-      for (int ks = 0; ks < kHeadDimQK / 16; ++ks) {  // column block ks / 4, k-step ks % 4 in it
+      for (int kk = 0; kk < kHeadDimQK / 16; ++kk) {
+        const int ks = kTma ? (kk + 4 * kRopeBlock) % (kHeadDimQK / 16) : kk;  // column block ks / 4, k-step ks % 4
         // (Computing each descriptor from its address instead takes ~11
         // instructions per wgmma.)
         const uint64_t desc_q = desc_q0 + (((ks / 4) * kQBlockBytes + (ks % 4) * 32) >> 4);
@@ -298,13 +331,22 @@ __global__ void __launch_bounds__(kThreads, 1)
         if constexpr (kTma) {
           if (ks % 4 == 0) mbar_wait(mbar(kMbBlock + kColBlocks * slot + ks / 4), phase);  // block ks / 4 landed
         }
-        if (ks == 0) wgmma_m64n64k16_ss<kFp8, false>(s, desc_q, desc_k);
+        if (kk == 0) wgmma_m64n64k16_ss<kFp8, false>(s, desc_q, desc_k);
         else wgmma_m64n64k16_ss<kFp8, true>(s, desc_q, desc_k);
       }
       wgmma_commit();
       wgmma_wait<0>();
       pin(s);
       tiles.mark(t, 1);
+      if constexpr (kTma) {
+        // QK(t) is done with the slot's rope block: tile t + 2's lands there now.
+        if (tid == 0 && t + kStages < n_tiles) {
+          const uint32_t bar = mbar(kMbBlock + kColBlocks * slot + kRopeBlock);
+          mbar_arrive_expect_tx(bar, TT::kBlockBytes);
+          tma_load_2d(stage + kRopeBlock * TT::kBlockBytes, &kv_map, 64 * kRopeBlock,
+                      static_cast<int>(contiguous_base + kv_begin + (t + kStages) * kTileTokens), bar);
+        }
+      }
 
       // Word w of the stage's flags: keys kTokensPerLoaderWarp w .., key k at bit kLoadersPerToken (k % ..).
       const uint32_t* bad_words = flags + slot * 8;
@@ -313,9 +355,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       // s stays raw (scaled inside the exponent below; the scale is positive,
       // so the maximum is the same key), and a tile whose keys are all
       // visible and none bad (the same for every thread) skips the masks.
+      // (The TMA form has no bad rows: indptr rows are checked per item.)
       uint32_t any_bad = 0;
+      if constexpr (!kTma) {
 #pragma unroll
-      for (int w = 0; w < TT::kFlagWords; ++w) any_bad |= bad_words[w];
+        for (int w = 0; w < TT::kFlagWords; ++w) any_bad |= bad_words[w];
+      }
       const bool clean = tok0 + kTileTokens <= kv_end && any_bad == 0;
       if (clean) {
 #pragma unroll
@@ -344,18 +389,24 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       mx[0] *= row_scale[0];
       mx[1] *= row_scale[1];
-      float alpha[2], m_ref[2];
+      // Lazy rescaling (kLazyLog2): the quad's row maximum is formed only
+      // when some score of the warp exceeds its reference by more than the
+      // slack (NaN compares false: a NaN row keeps its reference and stays NaN).
+      float alpha[2] = {1.f, 1.f};
+      if (__any_sync(0xffffffffu, mx[0] > m_run[0] + kLazyLog2 || mx[1] > m_run[1] + kLazyLog2)) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        const float m_new = fmaxf(m_run[r], mx[r]);
-        // -inf only while every key so far is masked: any finite reference
-        // then gives p = 0 and keeps O and l at 0.
-        m_ref[r] = m_new == -CUDART_INF_F ? 0.f : m_new;
-        alpha[r] = exp2f(m_run[r] - m_ref[r]);
-        m_run[r] = m_new;
+        for (int r = 0; r < 2; ++r) {
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+          if (mx[r] > m_run[r] + kLazyLog2) {  // the same for the row's four threads
+            alpha[r] = exp2f(m_run[r] - mx[r]);
+            m_run[r] = mx[r];
+          }
+        }
       }
+      // -inf only while every key so far is masked: any finite reference
+      // then gives p = 0 and keeps O and l at 0.
+      const float m_ref[2] = {m_run[0] == -CUDART_INF_F ? 0.f : m_run[0], m_run[1] == -CUDART_INF_F ? 0.f : m_run[1]};
       uint32_t pk[kTileTokens / 4];  // bf16 pairs: pk[2i + r] = columns 8i + 2c, +1 of row r0 + 8r
       float sum[2] = {0.f, 0.f};
 #pragma unroll
@@ -384,15 +435,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       tiles.mark(t, 2);
       if (t > 0) mbar_wait(mbar(kMbPEmpty), (t - 1) & 1);  // tile t-1's PV is done with P
       tiles.mark(t, 3);
-#pragma unroll
-      for (int i = 0; i < kTileTokens / 8; ++i) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int row = r0 + 8 * r;
-          const uint32_t addr = p_smem + row * 128 + ((i ^ (row & 7)) << 4) + 4 * c;
-          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(pk[2 * i + r]) : "memory");
-        }
-      }
+      store_p(p_smem, pk, warp, lane);
       if (c == 0) {
         alpha_smem[(t & 1) * kRows + r0] = alpha[0];
         alpha_smem[(t & 1) * kRows + r0 + 8] = alpha[1];
@@ -401,7 +444,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_arrive(mbar(kMbPFull));
       tiles.mark(t, 4);
     }
-    tiles.write(wide_trace_buffer());
 
     // Final statistics: the quad's partial sums, then (m, l) for wg 1, 2 and
     // the LSE.
@@ -418,6 +460,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     mbar_arrive(mbar(kMbFinal));
+    tiles.done();
+    tiles.write(wide_trace_buffer());
   } else {
   // ===================== values and loads (wg 1, 2) ===========================
   // (wg 0 does not return early: every warp stays to the end of the kernel.)
@@ -428,8 +472,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int lt = tid - 128;
   const int ld_token = lt / TT::kLoadersPerToken, ld_c0 = lt % TT::kLoadersPerToken;
   const uint8_t* kv_base = static_cast<const uint8_t*>(p.kv);
-  const bool contiguous = p.layout == KvLayout::kIndptr;
-  const int64_t contiguous_base = (contiguous && !work.orphan) ? static_cast<int64_t>(__ldg(p.kv_indptr + work.b)) : 0;
   const TileCodeLoader loader{p, kv_base, work.b, kv_begin, kv_end, ld_token, ld_c0, contiguous, contiguous_base};
   const uint32_t ld_dst = kv_smem + ld_token * 128;
   auto issue_tile = [&](int tile) {
@@ -452,12 +494,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   // The TMA form (thread 128): tile `tile`'s nine column blocks, each
   // completing its block barrier.
+  // Tiles from kStages on: their rope block is wg 0's (kRopeBlock).
   auto issue_tma = [&](int tile) {
     if (tile < n_tiles) {
       const int slot = tile % kStages;
       const int y = static_cast<int>(contiguous_base + kv_begin + tile * kTileTokens);
 #pragma unroll
-      for (int blk = 0; blk < kColBlocks; ++blk) {
+      for (int blk = 0; blk < (tile < kStages ? kColBlocks : kRopeBlock); ++blk) {
         const uint32_t bar = mbar(kMbBlock + kColBlocks * slot + blk);
         mbar_arrive_expect_tx(bar, TT::kBlockBytes);
         tma_load_2d(kv_smem + slot * TT::kStageBytes + blk * TT::kBlockBytes, &kv_map, 64 * blk, y, bar);
@@ -601,7 +644,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     tiles.mark(t, 4);
   }
   cp_async_wait<0>();
-  tiles.write(wide_trace_buffer() + kTileTraceWords);
 
   // ---- epilogue: O / l -------------------------------------------------------
   mbar_wait(mbar(kMbFinal), 0);
@@ -631,6 +673,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
+  tiles.done();
+  tiles.write(wide_trace_buffer() + kTileTraceWords);
   }  // wg 1, 2
 #endif  // MLA_SM90A_DEVICE
 }
