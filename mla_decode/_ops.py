@@ -63,8 +63,8 @@ def native_available() -> bool:
 # with the same messages for what needs no memory: a fake kernel runs for torch.compile's
 # tracing and for every call that involves a meta tensor, and must refuse what the real kernel
 # refuses (a CPU call with one meta tensor would otherwise return uninitialised tensors).
-# Not repeated: the GPU's pointer alignment and the overlap of two tensors' memory (a fake
-# tensor has none), and the index values (the data). tests/test_hostile.py runs every shape
+# Not repeated: the GPU's alignment of pointers and rows (out's rows 8-byte aligned), the overlap of
+# two tensors' memory (a fake tensor has none), and the index values (the data). tests/test_hostile.py runs every shape
 # case on the CPU and on meta tensors and compares the messages.
 
 def _c10_dtype_names() -> dict:

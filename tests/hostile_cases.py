@@ -525,6 +525,18 @@ add("out head-major", mutated(_set(
     out=lambda a, d: torch.empty(H, B, 512, dtype=torch.bfloat16, device=d).transpose(0, 1)), **OUT), Runs())
 add("lse transposed", mutated(_set(lse=lambda a, d: torch.empty(H, B, device=d).t()), **OUT), Runs())
 add("out one row, odd size-1 strides", lambda dev: _one_row_outputs(dev), Runs())
+# The GPU kernels store out in groups of up to four bf16 values: its rows must be 8-byte aligned there
+# (the CPU takes any alignment); rows 8 bytes past a 16-byte boundary run on every device.
+add("out rows 2 bytes past 8-byte alignment", mutated(_set(
+    out=lambda a, d: torch.empty(B * H * 512 + 4, dtype=torch.bfloat16, device=d)[1:1 + B * H * 512].view(B, H, 512)),
+    **OUT), Runs(), cuda=Raises("out's rows must start at 8-byte aligned addresses (an element offset and strides "
+                                "that are multiples of 4), but out starts 2 bytes past an 8-byte boundary"))
+add("out head stride 514", mutated(_set(
+    out=lambda a, d: torch.empty(B, H, 514, dtype=torch.bfloat16, device=d)[..., :512]), **OUT),
+    Runs(), cuda=Raises("out starts 0 bytes past an 8-byte boundary with strides [8224, 514, 1]"))
+add("out rows 8 bytes past 16-byte alignment", mutated(_set(
+    out=lambda a, d: torch.empty(B * H * 512 + 4, dtype=torch.bfloat16, device=d)[4:4 + B * H * 512].view(B, H, 512)),
+    **OUT), Runs())
 
 
 def _shared_outputs(dev, apart):

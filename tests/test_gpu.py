@@ -222,6 +222,49 @@ def test_wide_heads_long_and_causal(fmt, layout):
     check_every_kernel(case)
 
 
+# Output rows as views: padded strides (16-byte aligned rows) and an 8-byte offset (rows not 16-byte
+# aligned: the wide kernel's epilogue then stores 4 bytes at a time instead of staging 16-byte
+# chunks through shared memory), each on every kernel, one split and several.
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "mxfp4"])
+@pytest.mark.parametrize("view", ["padded", "offset"])
+def test_out_views_on_every_kernel(fmt, view):
+    case = make_case(fmt, "indptr", 128, 1, [300, 64, 0, 1], seed=17, device=DEV)
+    rows, heads = case.q.shape[0], case.q.shape[1]
+    for ov in kernel_variants(case):
+        for num_splits in [1, 3]:
+            if view == "padded":
+                buf = torch.full((rows, heads, 520), float("nan"), dtype=torch.bfloat16, device=DEV)
+                out = buf[:, :, :512]
+            else:
+                buf = torch.full((rows * heads * 512 + 4,), float("nan"), dtype=torch.bfloat16, device=DEV)
+                out = buf[4:].view(rows, heads, 512)
+            lse = torch.full((rows, heads), float("nan"), dtype=torch.float32, device=DEV)
+            if ov is None:
+                torch.ops.mla_decode.decode_out(*case.args(), num_splits, out, lse)
+            else:
+                from mla_decode.api import _overrides_text
+                torch.ops.mla_decode._decode_out_with(*case.args(), num_splits, out, lse, _overrides_text(ov))
+            try:
+                check_against_reference(case, out, lse)
+            except AssertionError as e:
+                raise AssertionError(f"{ov or 'the plan'}, {num_splits} splits: {e}") from e
+            if view == "padded":
+                assert torch.isnan(buf[:, :, 512:]).all(), "the padding between rows was written"
+            else:
+                assert torch.isnan(buf[:4]).all(), "the elements before the output were written"
+
+
+@pytest.mark.parametrize("offset", [1, 2, 3])
+def test_out_rows_not_8_byte_aligned_are_a_clear_error(offset):
+    case = make_case("bf16", "indptr", 16, 1, [40, 3], seed=5, device=DEV)
+    rows, heads = case.q.shape[0], case.q.shape[1]
+    buf = torch.empty((rows * heads * 512 + 4,), dtype=torch.bfloat16, device=DEV)
+    lse = torch.empty((rows, heads), dtype=torch.float32, device=DEV)
+    with pytest.raises(RuntimeError, match=rf"out's rows must start at 8-byte aligned addresses.*{2 * offset} bytes past"):
+        torch.ops.mla_decode.decode_out(*case.args(), 0, buf[offset:offset + rows * heads * 512].view(rows, heads, 512), lse)
+    torch.cuda.synchronize()  # nothing was launched: the context is still usable
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "fp8", "mxfp4"])
 def test_wide_heads_bad_index_gives_nan(fmt):
     case = make_case(fmt, "indices", 128, 1, [150, 20], seed=9, device=DEV)

@@ -371,6 +371,15 @@ void check_outputs(const DecodeInputs& in, const at::Tensor& out, const at::Tens
   p.out = out.data_ptr();
   p.out_stride_token = used_stride(out, 0);
   p.out_stride_head = used_stride(out, 1);
+  // The GPU kernels store out in groups of up to four bf16 values (8 bytes):
+  // every group must be 8-byte aligned (a misaligned store faults and leaves
+  // the context unusable).
+  const uintptr_t out_misalignment = reinterpret_cast<uintptr_t>(p.out) % 8;
+  MLA_CHECK(out.is_cpu() || (out_misalignment == 0 && p.out_stride_token % 4 == 0 && p.out_stride_head % 4 == 0),
+            "mla_decode: on ", out.device(), " out's rows must start at 8-byte aligned addresses (an element "
+            "offset and strides that are multiples of 4), but out starts ", out_misalignment, " bytes past an "
+            "8-byte boundary with strides ", out.strides(), "; pass an aligned tensor (such as torch.empty's) and "
+            "copy from it.");
   p.lse = lse.data_ptr<float>();
   p.lse_stride_token = used_stride(lse, 0);
   p.lse_stride_head = used_stride(lse, 1);

@@ -87,6 +87,12 @@ constexpr int kRingBytes = 2 * 64 * kHeadDimQK * 2;    // 147456: two 64-key til
 constexpr int kValueBlocksPerWg = kHeadDimV / 64 / 2;  // 4 column blocks (256 dims) per value warpgroup
 constexpr int kSwizzleGroupBytes = 8 * 128;            // SBO: 8 rows of 128 bytes
 constexpr int kLoaderThreads = 256;                    // wg 1, 2
+// The epilogue's staging rows in the ring (per value warpgroup: 64 rows of
+// its 256 dims), padded by 16 / 32 bytes so that the 8 rows of a warp's store
+// fall on different banks.
+constexpr int kOutRowBf16 = 256 * 2 + 16;  // 528
+constexpr int kOutRowF32 = 256 * 4 + 32;   // 1056
+static_assert(2 * kRows * kOutRowF32 <= kRingBytes, "the epilogue's rows fit in the ring");
 
 // The key tile: kTileTokens keys per stage, the N of QK and the K of PV.
 // 64-key tiles give QK its best shape (m64n64: Q's shared-memory reads
@@ -646,30 +652,85 @@ __global__ void __launch_bounds__(kThreads, 1)
   cp_async_wait<0>();
 
   // ---- epilogue: O / l -------------------------------------------------------
+  // Each thread holds two rows x 64 dims; written straight to global memory
+  // that is 64 stores of 4 or 8 bytes per thread, each warp store touching 8
+  // rows: ~12k cycles per CTA at 1 split (trace build, B = 64, kv 1024). So
+  // the rows go through the free ring in shared memory (padded rows, no bank
+  // conflicts) and leave as 16-byte stores of consecutive threads (full lines).
+  // The ring is free: wg 0 waited for every tile to land before its QK and
+  // arrives on final after its last; every product reading it is complete.
   mbar_wait(mbar(kMbFinal), 0);
+  float inv[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int row = r0 + 8 * r;
-    const int h = work.h0 + row;
-    if (h >= p.num_heads) continue;  // no shuffles below: skipping is safe
-    const float l = final_l[row];
-    float inv = l > 0.f ? 1.f / l : 0.f;
-    if constexpr (kFp8) inv *= __ldg(p.fp8_scale);  // V's dequantisation
-    if (isnan(l) || work.orphan) inv = CUDART_NAN_F;
-    const int dim0 = 256 * vwg + 2 * c;  // + 8i
-    if (args.num_splits == 1) {
-      uint16_t* dst = static_cast<uint16_t*>(p.out) + static_cast<int64_t>(work.t) * p.out_stride_token +
-                      static_cast<int64_t>(h) * p.out_stride_head + dim0;
+    const float l = final_l[r0 + 8 * r];
+    inv[r] = l > 0.f ? 1.f / l : 0.f;
+    if constexpr (kFp8) inv[r] *= __ldg(p.fp8_scale);  // V's dequantisation
+    if (isnan(l) || work.orphan) inv[r] = CUDART_NAN_F;
+  }
+  const bool partials = args.num_splits > 1;
+  // bf16 out takes 16-byte stores only where its rows are 16-byte aligned.
+  const bool staged = partials || ((reinterpret_cast<uintptr_t>(p.out) & 15) == 0 && p.out_stride_token % 8 == 0 &&
+                                   p.out_stride_head % 8 == 0);
+  if (staged) {
+    uint8_t* const stage_out = smem + Smem::kKv;
+    if (!partials) {
+      uint8_t* const half = stage_out + vwg * kRows * kOutRowBf16;
 #pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        *reinterpret_cast<uint32_t*>(dst + 8 * i) = mla_pack_bf16x2(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
+      for (int r = 0; r < 2; ++r) {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          *reinterpret_cast<uint32_t*>(half + (r0 + 8 * r) * kOutRowBf16 + (8 * i + 2 * c) * 2) =
+              mla_pack_bf16x2(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
+        }
       }
     } else {
-      const int64_t out_row = static_cast<int64_t>(work.t) * p.num_heads + h;
-      float* dst = args.partial_out + (static_cast<int64_t>(work.split) * rows + out_row) * kHeadDimV + dim0;
+      uint8_t* const half = stage_out + vwg * kRows * kOutRowF32;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          *reinterpret_cast<float2*>(half + (r0 + 8 * r) * kOutRowF32 + (8 * i + 2 * c) * 4) =
+              make_float2(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
+        }
+      }
+    }
+    bar_sync(kBarValues, kLoaderThreads);  // both halves of every row staged
+    // 16-byte chunk j of row `row`: chunks of one row are consecutive threads.
+    if (!partials) {
+      constexpr int kChunks = kHeadDimV * 2 / 16;  // 64 per row
+#pragma unroll 4
+      for (int j = lt; j < kRows * kChunks; j += kLoaderThreads) {
+        const int row = j / kChunks, chunk = j % kChunks, h = work.h0 + row;
+        if (h >= p.num_heads) continue;
+        const uint4 v = *reinterpret_cast<const uint4*>(stage_out + (chunk / (kChunks / 2)) * kRows * kOutRowBf16 +
+                                                        row * kOutRowBf16 + (chunk % (kChunks / 2)) * 16);
+        *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + static_cast<int64_t>(work.t) * p.out_stride_token +
+                                  static_cast<int64_t>(h) * p.out_stride_head + 8 * chunk) = v;
+      }
+    } else {
+      constexpr int kChunks = kHeadDimV * 4 / 16;  // 128 per row
+#pragma unroll 4
+      for (int j = lt; j < kRows * kChunks; j += kLoaderThreads) {
+        const int row = j / kChunks, chunk = j % kChunks, h = work.h0 + row;
+        if (h >= p.num_heads) continue;
+        const uint4 v = *reinterpret_cast<const uint4*>(stage_out + (chunk / (kChunks / 2)) * kRows * kOutRowF32 +
+                                                        row * kOutRowF32 + (chunk % (kChunks / 2)) * 16);
+        const int64_t out_row = static_cast<int64_t>(work.t) * p.num_heads + h;
+        *reinterpret_cast<uint4*>(args.partial_out + (static_cast<int64_t>(work.split) * rows + out_row) * kHeadDimV +
+                                  4 * chunk) = v;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int h = work.h0 + r0 + 8 * r;
+      if (h >= p.num_heads) continue;  // no shuffles below: skipping is safe
+      uint16_t* dst = static_cast<uint16_t*>(p.out) + static_cast<int64_t>(work.t) * p.out_stride_token +
+                      static_cast<int64_t>(h) * p.out_stride_head + 256 * vwg + 2 * c;
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
-        *reinterpret_cast<float2*>(dst + 8 * i) = make_float2(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
+        *reinterpret_cast<uint32_t*>(dst + 8 * i) = mla_pack_bf16x2(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
       }
     }
   }
