@@ -14,8 +14,10 @@
 // (shared memory).
 //   wg 0 (scores):   S = Q K^T for a 64-token tile (wgmma m64n64k16, 36
 //                    k-steps, Q and K both K-major in shared memory), the
-//                    online softmax in registers, P (bf16; f16 for fp8) and
-//                    the per-row rescale factor alpha to shared memory.
+//                    online softmax in registers with lazy rescaling
+//                    (kLazyLog2), P (bf16; f16 for fp8) and the per-row
+//                    rescale factor alpha to shared memory; in the TMA form
+//                    also the rope block's box of tile t+2 (kRopeBlock).
 //   wg 1, 2 (values): O = alpha O + P V for value dims [256 (wg - 1), +256)
 //                    (wgmma m64n256k16, 4 k-steps, P K-major, V N-major: the
 //                    same stored tile read transposed), and all the loads of
@@ -37,7 +39,8 @@
 //            row by its P, so they must hold finite values; the TMA form
 //            zeroes the last tile's rows past the split after its QK)
 //   P        64 heads x 64 keys bf16 (one column block), alpha[2][64]
-// 230,904 bytes (225.5 KiB) in all (Smem below).
+// 230,904 bytes (225.5 KiB) in all (Smem below). The epilogue reuses the
+// ring to stage O for 16-byte stores.
 //
 // Synchronisation. Between wg 0 and wg 1, 2: mbarriers (arrive with release,
 // wait with acquire; enum MBarrier), each completing one phase per tile, and
@@ -49,7 +52,8 @@
 //               arrives at after its wait.
 //   block[slot][9]  the TMA form instead of full: each box of 64 keys x 64
 //               dims completes its own barrier (one arrival with its byte
-//               count), and wg 0 waits for column block j before QK's four
+//               count: thread 128's, thread 0's for the rope block from tile
+//               2 on), and wg 0 waits for column block j before QK's four
 //               k-steps on it, so the products start as the tile lands.
 //   p_full      wg 0 arrives once P and alpha of tile t are stored (and fenced
 //               for the tensor cores); wg 1, 2 wait before rescaling O and
