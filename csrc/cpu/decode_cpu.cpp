@@ -12,9 +12,10 @@
 // format: the kernel is bound by its products, and a 256-key piece's products
 // cost some 30 times its partial's writing and merging). The split follows
 // from the shapes alone, never from the thread count, so results do not
-// depend on it. Pieces run under at::parallel_for; the pieces of a split set
-// are then merged by log-sum-exp, in piece order, under a second
-// at::parallel_for over its groups.
+// depend on it. Pieces run under one at::parallel_for; the thread that
+// completes a split set's last piece (a counter per set) merges the set's
+// pieces by log-sum-exp, in piece order, so the result does not depend on
+// which thread that is, and a call has one parallel region.
 #include "decode_cpu.h"
 
 #include <ATen/Parallel.h>
@@ -22,6 +23,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <csetjmp>
 #include <csignal>
@@ -96,10 +98,6 @@ struct Plan {
   std::vector<GroupDesc> groups;
   std::vector<Set> sets;
   std::vector<int32_t> piece_set;  // set of each piece
-  struct MergeJob {
-    int32_t set, g;  // group g of a split set
-  };
-  std::vector<MergeJob> merges;
   int64_t partial_floats = 0;
   int32_t max_pieces_per_set = 1;
 };
@@ -148,10 +146,6 @@ Plan make_plan(const MlaDecodeParams& p) {
       plan.partial_floats += static_cast<int64_t>(s.pieces) * s.ng * kRecordFloats;
     }
     plan.max_pieces_per_set = std::max(plan.max_pieces_per_set, s.pieces);
-  }
-  for (int32_t si = 0; si < static_cast<int32_t>(plan.sets.size()); ++si) {
-    if (plan.sets[si].pieces == 1) continue;
-    for (int32_t g = 0; g < plan.sets[si].ng; ++g) plan.merges.push_back({si, g});
   }
   plan.piece_set.resize(piece_index);
   for (int32_t si = 0; si < static_cast<int32_t>(plan.sets.size()); ++si) {
@@ -235,11 +229,58 @@ void run_plan(const MlaDecodeParams& p, const Plan& plan, CpuPath path, bool ser
   const cpu::CallScales scales = call_scales(p, path);
   static thread_local AlignedFloats partial_storage;  // the calling thread's, reused across calls
   float* partial = plan.partial_floats > 0 ? partial_storage.get(plan.partial_floats) : nullptr;
+  // Pieces completed per set (split sets only), the calling thread's, reused.
+  static thread_local std::unique_ptr<std::atomic<int32_t>[]> done_storage;
+  static thread_local size_t done_capacity = 0;
+  const size_t n_sets = plan.sets.size();
+  if (plan.partial_floats > 0 && done_capacity < n_sets) {
+    done_storage.reset(new std::atomic<int32_t>[n_sets]);
+    done_capacity = n_sets;
+  }
+  std::atomic<int32_t>* const done = done_storage.get();
+  if (plan.partial_floats > 0) {
+    for (size_t si = 0; si < n_sets; ++si) done[si].store(0, std::memory_order_relaxed);
+  }
+
+  // Merge group g of split set s: M = max m_c, l = sum l_c e^(m_c - M),
+  // O = sum O_c e^(m_c - M) over its pieces c in order (an empty piece has
+  // m = -inf and weighs 0).
+  auto merge_group = [&](const Set& s, int32_t g) {
+    static thread_local AlignedFloats merged;
+    float* O = merged.get(kOFloats);
+    const int64_t piece_floats = static_cast<int64_t>(s.ng) * kRecordFloats;
+    const GroupDesc& gd = plan.groups[s.g_begin + g];
+    float m[kGroupRows], l[kGroupRows];
+    for (int h = 0; h < gd.nh; ++h) {
+      float mx = kNegInf;
+      for (int32_t c = 0; c < s.pieces; ++c) {
+        const float* mc = partial + s.record_offset + c * piece_floats + s.ng * kOFloats;
+        mx = std::max(mx, mc[g * kGroupRows + h]);
+      }
+      float lsum = 0.f;
+      float* o = O + h * cpu::kORow;
+      std::fill(o, o + kHeadDimV, 0.f);
+      for (int32_t c = 0; c < s.pieces; ++c) {
+        const float* base = partial + s.record_offset + c * piece_floats;
+        const float m_c = base[s.ng * kOFloats + g * kGroupRows + h];
+        const float l_c = base[s.ng * kOFloats + s.ng * kGroupRows + g * kGroupRows + h];
+        if (m_c == kNegInf && !std::isnan(l_c)) continue;  // the piece saw no key of this row
+        const float w = std::exp(m_c - mx);
+        lsum += l_c * w;
+        const float* oc = base + static_cast<int64_t>(g) * kOFloats + h * cpu::kORow;
+        add_scaled_row(o, oc, w);
+      }
+      m[h] = mx;
+      l[h] = lsum;
+    }
+    store_group(p, gd, O, m, l, scales.o_scale);
+  };
 
   auto run_pieces = [&](int64_t begin, int64_t end) {
     static thread_local AlignedFloats own;  // a whole set's state: ng x (O, m, l)
     for (int64_t pc = begin; pc < end; ++pc) {
-      const Set& s = plan.sets[plan.piece_set[pc]];
+      const int32_t si = plan.piece_set[pc];
+      const Set& s = plan.sets[si];
       const int32_t c = static_cast<int32_t>(pc - s.first_piece);
       float* rec = s.pieces > 1 ? partial + s.record_offset + static_cast<int64_t>(c) * s.ng * kRecordFloats
                                 : own.get(kMaxGroupsPerPiece * kRecordFloats);
@@ -259,6 +300,9 @@ void run_plan(const MlaDecodeParams& p, const Plan& plan, CpuPath path, bool ser
           store_group(p, a.groups[g], a.O + static_cast<int64_t>(g) * kOFloats, a.m + g * kGroupRows,
                       a.l + g * kGroupRows, scales.o_scale);
         }
+      } else if (done[si].fetch_add(1, std::memory_order_acq_rel) == s.pieces - 1) {
+        // The set's last piece: the acquire sees every other piece's record.
+        for (int32_t g = 0; g < s.ng; ++g) merge_group(s, g);
       }
     }
   };
@@ -267,51 +311,6 @@ void run_plan(const MlaDecodeParams& p, const Plan& plan, CpuPath path, bool ser
     run_pieces(0, n_pieces);
   } else {
     at::parallel_for(0, n_pieces, 1, run_pieces);
-  }
-  if (plan.partial_floats == 0) return;
-
-  // Merge the pieces of each group of a split set: M = max m_c, l = sum l_c
-  // e^(m_c - M), O = sum O_c e^(m_c - M) (an empty piece has m = -inf and
-  // weighs 0). One job per group, so one long item's merge is spread as well.
-  auto merge_groups = [&](int64_t begin, int64_t end) {
-    static thread_local AlignedFloats merged;
-    float* O = merged.get(kOFloats);
-    for (int64_t job = begin; job < end; ++job) {
-      const Set& s = plan.sets[plan.merges[job].set];
-      const int32_t g = plan.merges[job].g;
-      const int64_t piece_floats = static_cast<int64_t>(s.ng) * kRecordFloats;
-      const GroupDesc& gd = plan.groups[s.g_begin + g];
-      float m[kGroupRows], l[kGroupRows];
-      for (int h = 0; h < gd.nh; ++h) {
-        float mx = kNegInf;
-        for (int32_t c = 0; c < s.pieces; ++c) {
-          const float* mc = partial + s.record_offset + c * piece_floats + s.ng * kOFloats;
-          mx = std::max(mx, mc[g * kGroupRows + h]);
-        }
-        float lsum = 0.f;
-        float* o = O + h * cpu::kORow;
-        std::fill(o, o + kHeadDimV, 0.f);
-        for (int32_t c = 0; c < s.pieces; ++c) {
-          const float* base = partial + s.record_offset + c * piece_floats;
-          const float m_c = base[s.ng * kOFloats + g * kGroupRows + h];
-          const float l_c = base[s.ng * kOFloats + s.ng * kGroupRows + g * kGroupRows + h];
-          if (m_c == kNegInf && !std::isnan(l_c)) continue;  // the piece saw no key of this row
-          const float w = std::exp(m_c - mx);
-          lsum += l_c * w;
-          const float* oc = base + static_cast<int64_t>(g) * kOFloats + h * cpu::kORow;
-          add_scaled_row(o, oc, w);
-        }
-        m[h] = mx;
-        l[h] = lsum;
-      }
-      store_group(p, gd, O, m, l, scales.o_scale);
-    }
-  };
-  const int64_t n_jobs = static_cast<int64_t>(plan.merges.size());
-  if (serial) {
-    merge_groups(0, n_jobs);
-  } else {
-    at::parallel_for(0, n_jobs, 1, merge_groups);
   }
 }
 
