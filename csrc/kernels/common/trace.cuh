@@ -105,7 +105,7 @@ struct TileTrace {
 //   SPAN <role> <start> <done>
 template <int kEvents, int kTiles>
 __global__ void print_tile_trace(const long long* buf, int roles) {
-  constexpr int kWords = kTiles * kEvents + 3;
+  constexpr int kWords = TileTrace<kEvents, kTiles>::kWords;
   const long long t0 = buf[kTiles * kEvents + 1];
   for (int r = 0; r < roles; ++r) {
     const long long* b = buf + r * kWords;

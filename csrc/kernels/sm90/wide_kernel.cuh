@@ -170,7 +170,6 @@ __device__ __forceinline__ void store_p(uint32_t p_smem, const uint32_t (&pk)[16
   }
 }
 
-
 // Register budgets (setmaxnreg) where the value warpgroups stage codes in
 // registers (OCP fp8, MXFP4): they hold O (128) and the codes of the next
 // tile (36 fp8 / 27 MXFP4) besides their loop state, the score warpgroup S
@@ -271,6 +270,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The indptr layout: the item's first cache row (the TMA form's row coordinates).
   const bool contiguous = p.layout == KvLayout::kIndptr;
   const int64_t contiguous_base = (contiguous && !work.orphan) ? static_cast<int64_t>(__ldg(p.kv_indptr + work.b)) : 0;
+  // The TMA form: column block `blk` of the tile at cache row y into ring
+  // slot `slot`, completing that block's barrier (thread 128 issues blocks
+  // 0-7, and the rope block of tiles 0 and 1; thread 0 the rope block of
+  // later tiles).
+  auto issue_tma_block = [&](int slot, int blk, int y) {
+    const uint32_t bar = mbar(kMbBlock + kColBlocks * slot + blk);
+    mbar_arrive_expect_tx(bar, TT::kBlockBytes);
+    tma_load_2d(kv_smem + slot * TT::kStageBytes + blk * TT::kBlockBytes, &kv_map, 64 * blk, y, bar);
+  };
 
   if (wg == 0) {
     // ===================== scores and softmax ===============================
@@ -351,10 +359,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if constexpr (kTma) {
         // QK(t) is done with the slot's rope block: tile t + 2's lands there now.
         if (tid == 0 && t + kStages < n_tiles) {
-          const uint32_t bar = mbar(kMbBlock + kColBlocks * slot + kRopeBlock);
-          mbar_arrive_expect_tx(bar, TT::kBlockBytes);
-          tma_load_2d(stage + kRopeBlock * TT::kBlockBytes, &kv_map, 64 * kRopeBlock,
-                      static_cast<int>(contiguous_base + kv_begin + (t + kStages) * kTileTokens), bar);
+          issue_tma_block(slot, kRopeBlock, static_cast<int>(contiguous_base + kv_begin + (t + kStages) * kTileTokens));
         }
       }
 
@@ -502,19 +507,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     cp_async_commit();  // one group per tile, empty past the end
   };
-  // The TMA form (thread 128): tile `tile`'s nine column blocks, each
-  // completing its block barrier.
-  // Tiles from kStages on: their rope block is wg 0's (kRopeBlock).
+  // The TMA form (thread 128): tile `tile`'s column blocks; from tile
+  // kStages on, the rope block is wg 0's (kRopeBlock).
   auto issue_tma = [&](int tile) {
     if (tile < n_tiles) {
-      const int slot = tile % kStages;
       const int y = static_cast<int>(contiguous_base + kv_begin + tile * kTileTokens);
 #pragma unroll
-      for (int blk = 0; blk < (tile < kStages ? kColBlocks : kRopeBlock); ++blk) {
-        const uint32_t bar = mbar(kMbBlock + kColBlocks * slot + blk);
-        mbar_arrive_expect_tx(bar, TT::kBlockBytes);
-        tma_load_2d(kv_smem + slot * TT::kStageBytes + blk * TT::kBlockBytes, &kv_map, 64 * blk, y, bar);
-      }
+      for (int blk = 0; blk < (tile < kStages ? kColBlocks : kRopeBlock); ++blk) issue_tma_block(tile % kStages, blk, y);
     }
   };
   // fp8: the same thread-to-chunk map on the codes (16-byte chunk j of a row
