@@ -50,6 +50,14 @@ def test_bench_help_lists_every_flag():
     assert parse_args(["--quick"]).windows == 3
 
 
+def test_cli_bench_cpu_smoke_with_a_gpu_device_is_a_clear_error(tmp_path):
+    """--cpu-smoke runs on the CPU whether or not a GPU is visible; asking for it on CUDA is refused."""
+    res = subprocess.run([sys.executable, "-m", "mla_decode", "bench", "--cpu-smoke", "--device", "cuda", "--out",
+                          str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "--cpu-smoke runs on the CPU; it cannot be combined with --device cuda" in res.stdout + res.stderr
+
+
 def test_cli_bench_smoke(tmp_path):
     out = run("-m", "mla_decode", "bench", "--quick", "--cpu-smoke", "--out", str(tmp_path))
     assert "SUMMARY" in out and "streaming floor: unavailable (needs CUDA)" in out

@@ -82,8 +82,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma list among flash_mla,flashinfer, 'auto' (those importable) or 'none'")
     g.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     g.add_argument("--cpu-smoke", action="store_true",
-                   help="on the CPU, the one-shape smoke run of sections (a) and (b) instead of the CPU grid of "
-                        "mla_decode.bench_cpu")
+                   help="the one-shape smoke run of sections (a) and (b) on the CPU (instead of the CPU grid of "
+                        "mla_decode.bench_cpu); runs on the CPU even where a GPU is visible")
     g.add_argument("--threads", default="1,2", help="CPU grid: comma list of thread counts (default 1,2)")
     g = p.add_argument_group("competition protocol (a)")
     g.add_argument("--iters", type=int, default=None, help="timed calls per shape and provider (default 50; --quick 10)")
@@ -238,7 +238,10 @@ def run(args) -> int:
     from .providers import PEER_CLASSES, StreamFloor
     from .timers import GpuMonitor, NullMonitor
 
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.cpu_smoke and args.device not in (None, "cpu"):
+        log(f"--cpu-smoke runs on the CPU; it cannot be combined with --device {args.device}")
+        return 2
+    device = torch.device("cpu" if args.cpu_smoke else (args.device or ("cuda" if torch.cuda.is_available() else "cpu")))
     if device.type == "cuda" and not torch.cuda.is_available():
         log("--device cuda: no GPU is visible")
         return 2
