@@ -149,6 +149,10 @@ def finish_args(args, error) -> argparse.Namespace:
     if args.window_ms <= 0 or args.gap_s < 0 or args.sweep_seconds <= 0:
         error(f"--window-ms and --sweep-seconds must be positive and --gap-s non-negative, got {args.window_ms}, "
               f"{args.sweep_seconds}, {args.gap_s}")
+    if args.cpu_smoke:
+        if args.device not in (None, "cpu"):
+            error(f"--cpu-smoke runs on the CPU; it cannot be combined with --device {args.device}")
+        args.device = "cpu"
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         error("--plot: matplotlib is not installed (pip install matplotlib)")
     return args
@@ -238,10 +242,7 @@ def run(args) -> int:
     from .providers import PEER_CLASSES, StreamFloor
     from .timers import GpuMonitor, NullMonitor
 
-    if args.cpu_smoke and args.device not in (None, "cpu"):
-        log(f"--cpu-smoke runs on the CPU; it cannot be combined with --device {args.device}")
-        return 2
-    device = torch.device("cpu" if args.cpu_smoke else (args.device or ("cuda" if torch.cuda.is_available() else "cpu")))
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         log("--device cuda: no GPU is visible")
         return 2
