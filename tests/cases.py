@@ -70,8 +70,12 @@ def _poison_rows(kv: torch.Tensor, scale, fmt: str, rows: torch.Tensor) -> None:
 
 
 def make_case(fmt: str, layout: str, num_heads: int, q_len: int, lengths, *, seed: int, device,
-              page_size: int = 16, extra_rows: int = 37, q_scale: float = 1.0) -> Case:
-    """q_scale multiplies the standard-normal queries (logits of standard deviation q_scale)."""
+              page_size: int = 16, extra_rows: int = 37, q_scale: float = 1.0, row_pow2=(0, 0),
+              scale_row_stride: int | None = None) -> Case:
+    """q_scale multiplies the standard-normal queries (logits of standard deviation q_scale).
+    row_pow2 = (e, period) multiplies cache rows by 2^e before quantisation: every row (period
+    0) or the rows in odd runs of `period` rows. scale_row_stride (MXFP4): the block scales as a
+    view of rows of that many bytes (the padding NaN scales)."""
     gen = torch.Generator().manual_seed(seed)
     lengths = list(lengths)
     batch = len(lengths)
@@ -85,8 +89,19 @@ def make_case(fmt: str, layout: str, num_heads: int, q_len: int, lengths, *, see
         n_rows = num_pages * page_size
     else:
         n_rows = total_tokens + extra_rows
-    rows = torch.randn(n_rows, 576, generator=gen).to(torch.bfloat16)
+    rows = torch.randn(n_rows, 576, generator=gen)
+    exp, period = row_pow2
+    if exp:
+        scaled = torch.ones(n_rows, dtype=torch.bool) if period == 0 else (torch.arange(n_rows) // period) % 2 == 1
+        rows[scaled] *= 2.0 ** exp
+    rows = rows.to(torch.bfloat16)
     kv, scale = _quantize(rows, fmt)
+    if scale_row_stride is not None:
+        if fmt != "mxfp4" or scale_row_stride < 18:
+            raise ValueError("scale_row_stride: MXFP4 only, at least 18 bytes")
+        scale_padded = torch.full((n_rows, scale_row_stride), 0xFF, dtype=torch.uint8)
+        scale_padded[:, :18] = scale.view(torch.uint8)
+        scale = scale_padded.view(scale.dtype)[:, :18]
     used = torch.zeros(n_rows, dtype=torch.bool)
 
     case = Case(q=q, kv=kv, kv_scale=scale, qo_indptr=qo_indptr, lengths=lengths)
@@ -131,6 +146,8 @@ def make_case(fmt: str, layout: str, num_heads: int, q_len: int, lengths, *, see
         return None if t is None else t.to(device)
     for name in ("q", "kv", "kv_scale", "qo_indptr", "kv_indptr", "kv_indices", "block_table", "kv_lens"):
         setattr(case, name, mv(getattr(case, name)))
+    if scale_row_stride is not None:  # .to() of a view with gaps would make it contiguous
+        case.kv_scale = scale_padded.view(scale.dtype).to(device)[:, :18]
     return case
 
 

@@ -302,6 +302,26 @@ def test_tma_forms_with_and_without_the_l2_stream_hint(fmt, cache_size):
     check_every_kernel(case)
 
 
+@pytest.mark.parametrize("heads", [16, 128])
+@pytest.mark.parametrize("pattern", ["every_row", "runs"])
+@pytest.mark.parametrize("scale_row_stride", [18, 32])
+def test_mxfp4_block_scales_on_every_kernel(heads, pattern, scale_row_stride):
+    """MXFP4 block scales across their range, on every kernel that can run the call: the Hopper
+    kernels decode with one bf16 factor 2^(E - 1) while E <= 128 (a normal bf16) and with two
+    otherwise. Rows times 2^24 (E ~ 150) with queries times 2^-24 (the logits stay those of
+    unscaled data), or runs of 100 rows times 2^4 (E ~ 130) with queries times 2^-4 (tiles of
+    small blocks only, of large ones only, and mixed); the block scales as a tensor of 18- or
+    32-byte rows (the padding NaN scales)."""
+    exp, period = (24, 0) if pattern == "every_row" else (4, 100)
+    case = make_case("mxfp4", "indptr", heads, 1, [1000, 777, 300, 1], seed=23, device=DEV, q_scale=2.0 ** -exp,
+                     row_pow2=(exp, period), scale_row_stride=scale_row_stride)
+    assert case.kv_scale.stride() == (scale_row_stride, 1)
+    e = case.kv_scale.view(torch.uint8)[5:5 + 2078].int()
+    assert (e > 128).any() and (pattern == "every_row" or (e[:64] <= 128).all())
+    for num_splits in (0, 1, 3):
+        check_every_kernel(case, num_splits)
+
+
 def _nvidia_gpu():
     return torch.cuda.is_available() and torch.version.hip is None
 
