@@ -66,6 +66,22 @@ def test_path_matches_reference(path, fmt, layout, num_heads, q_len):
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("num_heads,q_len", [(48, 1), (80, 1), (96, 2), (64, 2), (32, 3)])
+def test_group_blocks(path, fmt, num_heads, q_len):
+    """Head counts whose groups the AMX path scores and multiplies in blocks of 4, 2 and 1
+    (3, 5, 6 groups per token), and query tokens whose blocks see different key counts in the
+    last tiles (q_len 2 and 3: the blocks of one token share their PV, the next token's do not),
+    at lengths on both sides of the 64-key QK blocks and 128-key tiles."""
+    require(path)
+    lengths = [1, 63, 65, 129, 200, 258]
+    case = cached_case(fmt, "indptr", num_heads, q_len, lengths,
+                       seed=zlib.crc32(repr(("blocks", fmt, num_heads, q_len)).encode()) % 997)
+    out, lse = run_path(case, path)
+    check_against_reference(case, out, lse)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_tile_edges_and_causal_tails(path, fmt):
     """Lengths on both sides of the 16 / 32 / 64-key tiles, 3 query tokens whose visible counts
     end inside a tile."""

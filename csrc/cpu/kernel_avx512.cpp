@@ -27,10 +27,7 @@ using namespace vec;
 
 struct Avx512Mm {
   static constexpr int kTile = 64;
-  static constexpr bool kNeedsPa = false;
   static constexpr bool kQkPairs = true;
-  static void begin() {}
-  static void end() {}
 
   MLA_TARGET_AVX512 static void qk(Scratch& sc, const uint32_t* qt, int k0, float* s, int n_pf) {
     __m512 acc[16];
@@ -119,7 +116,7 @@ struct Avx512Mm {
 #ifdef MLA_CPU_PROFILE
 struct ProfilePrinter {
   ~ProfilePrinter() {
-    static const char* names[] = {"decode", "qk", "softmax", "transpose", "pv"};
+    static const char* names[] = {"decode", "qk", "softmax", "pv"};
     for (int amx = 0; amx < 2; ++amx) {
       fprintf(stderr, "mla_decode profile %s:", amx ? "amx" : "avx512");
       for (int ph = 0; ph < kPhases; ++ph) fprintf(stderr, " %s %.3e", names[ph], double(g_phase_ticks[amx][ph]));

@@ -2,8 +2,9 @@
 // and kernel_amx.cpp, each compiled with per-function target attributes, so
 // the build needs no global -m flags).
 //
-// Data flow of one piece (kernel_common.h), tiles of Mm::kTile keys (64 for
-// AVX-512, 128 for AMX), decoded and scored 16 keys at a time:
+// Data flow of one piece (kernel_common.h), tiles of 64 keys (AVX-512; the
+// AMX path, kernel_amx.cpp, runs its own loop over 128-key tiles on the same
+// helpers and layouts), decoded and scored 16 keys at a time:
 //   Qt   once per piece and group: the group's 16 query rows as bf16 pairs,
 //        transposed to [chunk c < 18][pair k < 16][row r < 16] dwords, i.e.
 //        dword (q[r][32c+2k], q[r][32c+2k+1]). This is the B operand of the
@@ -22,7 +23,7 @@
 //        with keys as rows gives; one vector holds the 16 rows of one key).
 //   P    per group: exp2 of the logits in fp32, summed into l in fp32, then
 //        bf16 pairs of keys: Yt [pair i][row r] (AVX-512 PV broadcasts),
-//        transposed to Pa [row r][pair i] for AMX (the PV A operand).
+//        transposed to Pa [row r][pair i] by the AMX path (its PV A operand).
 //   O    per group: [16 rows][512 (+16 pad)] fp32, accumulated over the piece.
 // Softmax is online in the log2 domain with a lazy rescale: a row's reference
 // max moves only when a tile's max exceeds it by more than kLazyRescale (2^8),
@@ -59,7 +60,7 @@ namespace vec {
 // MLA_CPU_PROFILE (a measurement build only, e.g. CFLAGS=-DMLA_CPU_PROFILE):
 // time-stamp-counter totals per phase of run_piece, printed at exit.
 #ifdef MLA_CPU_PROFILE
-enum Phase { kDecode, kQk, kSoftmax, kTranspose, kPv, kPhases };
+enum Phase { kDecode, kQk, kSoftmax, kPv, kPhases };  // AMX: softmax includes the Pa transpose
 inline uint64_t g_phase_ticks[2][kPhases];  // [AMX?][phase]; racy sums, good enough for a profile
 #define MLA_PROFILE_START() uint64_t mla_t0_ = __rdtsc()
 #define MLA_PROFILE_LAP(amx, phase)                                   \
@@ -73,24 +74,22 @@ inline uint64_t g_phase_ticks[2][kPhases];  // [AMX?][phase]; racy sums, good en
 #define MLA_PROFILE_LAP(amx, phase) (void)0
 #endif
 
-constexpr int kMaxTileKeys = 128;  // the largest Mm::kTile
+constexpr int kMaxTileKeys = 128;  // the largest tile of a path (AMX)
 constexpr int kSubTile = 16;       // keys decoded (and scored) together
 constexpr int kChunks = kHeadDimQK / 32;         // 18 chunks of 32 dims (one MX block each)
 constexpr int kRowDwords = kHeadDimQK / 2;       // 288 bf16 pairs per key row
 constexpr int kQtDwords = kChunks * 16 * 16;     // one group's Qt
 constexpr int kVvRow = kHeadDimV + 16;           // dwords between key pairs of Vv (padded as kORow)
 
-constexpr int kPaRow = kMaxTileKeys / 2;        // dwords between rows of Pa
+constexpr int kPaRow = kMaxTileKeys / 2;        // dwords between rows of Pa (AMX)
 
-// Per-thread buffers of a piece (64-byte aligned; about 380 KB).
+// Per-thread buffers of an AVX-512 piece (64-byte aligned; about 370 KB).
 struct alignas(64) Scratch {
   uint32_t qt[kMaxGroupsPerPiece * kQtDwords];
   uint32_t kb[kSubTile * kRowDwords];  // the current sub-tile's keys (the same lines for every sub-tile)
   uint32_t vv[kMaxTileKeys / 2 * kVvRow];
   float s[kMaxGroupsPerPiece * kMaxTileKeys * 16];  // per group: [key][16 rows]
-  float c4[4 * 256];                                 // AMX: four partial S tiles of one sub-tile
   uint32_t yt[kMaxTileKeys / 2 * 16];
-  uint32_t pa[16 * kPaRow];
   float m2[kMaxGroupsPerPiece * 16];  // reference max per row, log2 units
   const char* pf[kSubTile * 20];      // cache lines to prefetch during one sub-tile's QK
   const uint32_t* kq;                 // the sub-tile's 16 key rows for QK (kRowDwords apart): in Kb,
@@ -253,12 +252,13 @@ MLA_TARGET_AVX512F static inline int list_prefetch_lines(const MlaDecodeParams& 
 
 // Decodes keys [k_begin, k_end) of the tile starting at key j0 of item b
 // (k_begin even; a pair's second key at or beyond nv is zero) into Vv and,
-// where store_kb, into Kb (key k_begin at its first row).
+// where store_kb, into Kb (key k_begin at its first row). Sc: the path's
+// scratch (members kb and vv in the layouts above).
 // F is the cache format: one instantiation per format keeps the format switch
 // and the MX scale addressing out of the chunk loop.
-template <KvFormat F>
+template <KvFormat F, class Sc>
 MLA_TARGET_AVX512F static inline void decode_keys(const MlaDecodeParams& p, int32_t b, int32_t j0, int k_begin,
-                                                  int k_end, int nv, bool store_kb, Scratch& sc) {
+                                                  int k_end, int nv, bool store_kb, Sc& sc) {
   const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
                                           37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
   const __m512i hi_idx = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23, 54,
@@ -292,7 +292,8 @@ MLA_TARGET_AVX512F static inline void decode_keys(const MlaDecodeParams& p, int3
 }
 
 // Zero V pairs from the one after key nv - 1 up to the end of its 32-key step.
-MLA_TARGET_AVX512F static inline void zero_v_tail(int nv, Scratch& sc) {
+template <class Sc>
+MLA_TARGET_AVX512F static inline void zero_v_tail(int nv, Sc& sc) {
   const int pair_end = ((nv + 31) / 32) * 16;
   for (int i = (nv + 1) / 2; i < pair_end; ++i) {
     for (int c = 0; c < kHeadDimV / 16; ++c) _mm512_store_si512(sc.vv + i * kVvRow + 16 * c, _mm512_setzero_si512());
@@ -301,7 +302,8 @@ MLA_TARGET_AVX512F static inline void zero_v_tail(int nv, Scratch& sc) {
 
 // Zeroes the V of keys [from, to) of the tile (to <= the decoded count's
 // 32-key step), for a group that sees fewer keys than the tile holds.
-MLA_TARGET_AVX512F static inline void zero_v_keys(int from, int to, Scratch& sc) {
+template <class Sc>
+MLA_TARGET_AVX512F static inline void zero_v_keys(int from, int to, Sc& sc) {
   for (int j = from; j < to; ++j) {
     const __mmask32 half = (j & 1) ? 0xAAAAAAAAu : 0x55555555u;
     uint32_t* vrow = sc.vv + (j / 2) * kVvRow;
@@ -425,17 +427,15 @@ MLA_TARGET_AVX512F static inline void build_qt(const MlaDecodeParams& p, const G
 }
 
 // One piece on the vector data flow above; Mm supplies the two products:
-//   Mm::kTile                  keys per tile (64 or 128)
+//   Mm::kTile                  keys per tile (a multiple of 32, at most kMaxTileKeys)
 //   Mm::qk(sc, qt, k0, s, n_pf) S rows k0 .. k0 + 15 of one group from the 16
 //                              rows at sc.kq (Kb, called right after they are
 //                              decoded, while they are in L1) and the group's
 //                              Qt; it also prefetches the n_pf lines of sc.pf
 //   Mm::pv(sc, O, nk, nh, first) O += P V over the 32-key steps holding nk keys
 //                              (O = P V where first: the piece's first tile)
-//   Mm::kNeedsPa               whether pv reads Pa (else Yt)
 //   Mm::kQkPairs               whether Mm::qk2(sc, qt0, qt1, k0, s0, s1, n_pf) scores
 //                              two groups at once (consecutive groups that see the keys)
-//   Mm::begin() / Mm::end()    around the piece (AMX tile configuration)
 template <class Mm, KvFormat F>
 MLA_TARGET_AVX512 void run_piece_format(const PieceArgs& a, const CallScales& cs) {
   static_assert(Mm::kTile % 32 == 0 && Mm::kTile <= kMaxTileKeys, "tile size");
@@ -446,7 +446,6 @@ MLA_TARGET_AVX512 void run_piece_format(const PieceArgs& a, const CallScales& cs
   if (key_end > a.key_begin) {
     for (int g = 0; g < a.ng; ++g) build_qt(p, a.groups[g], sc.qt + g * kQtDwords);
     const float logit_scale_log2 = cs.qk * kLog2e;
-    Mm::begin();
     for (int32_t j0 = a.key_begin; j0 < key_end; j0 += Mm::kTile) {
       const int nv = std::min<int32_t>(Mm::kTile, key_end - j0);
       for (int k0 = 0; k0 < nv; k0 += kSubTile) {
@@ -466,7 +465,7 @@ MLA_TARGET_AVX512 void run_piece_format(const PieceArgs& a, const CallScales& cs
         }
         if (!direct) sc.kq = sc.kb;
         decode_keys<F>(p, a.b, j0, k0, std::min(nv, k0 + kSubTile), nv, !direct, sc);
-        MLA_PROFILE_LAP(Mm::kNeedsPa, kDecode);
+        MLA_PROFILE_LAP(0, kDecode);
         int n_pf = list_prefetch_lines<F>(p, a.b, j0 + k0 + kPrefetchAhead, key_end, sc.pf);
         int g = 0;
         while (g < a.ng && a.groups[g].visible - j0 <= k0) ++g;  // groups that see none of these keys
@@ -481,7 +480,7 @@ MLA_TARGET_AVX512 void run_piece_format(const PieceArgs& a, const CallScales& cs
           Mm::qk(sc, sc.qt + g * kQtDwords, k0, sc.s + g * (kMaxTileKeys * 16), n_pf);
           n_pf = 0;
         }
-        MLA_PROFILE_LAP(Mm::kNeedsPa, kQk);
+        MLA_PROFILE_LAP(0, kQk);
       }
       zero_v_tail(nv, sc);
       int valid_v = nv;  // keys of the tile whose V is still in Vv
@@ -498,16 +497,11 @@ MLA_TARGET_AVX512 void run_piece_format(const PieceArgs& a, const CallScales& cs
         const bool first = j0 == a.key_begin;  // O is written, not accumulated
         const __m512 m_ref = softmax_update(nk, logit_scale_log2, s, sc.m2 + g * 16, a.l + g * 16, O, first);
         probs_pairs(nk, m_ref, s, a.l + g * 16, sc.yt);
-        MLA_PROFILE_LAP(Mm::kNeedsPa, kSoftmax);
-        if (Mm::kNeedsPa) {
-          for (int h = 0; h < (nk + 31) / 32 * 16; h += 16) transpose16x16(sc.yt + h * 16, 16, sc.pa + h, kPaRow);
-        }
-        MLA_PROFILE_LAP(Mm::kNeedsPa, kTranspose);
+        MLA_PROFILE_LAP(0, kSoftmax);
         Mm::pv(sc, O, nk, a.groups[g].nh, first);
-        MLA_PROFILE_LAP(Mm::kNeedsPa, kPv);
+        MLA_PROFILE_LAP(0, kPv);
       }
     }
-    Mm::end();
   }
   end_piece_state(a, sc.m2);
 }

@@ -1,0 +1,162 @@
+// Times the CPU kernel's paths one piece at a time, without torch: the
+// measurement tool behind the AMX and AVX-512 figures of docs/cpu-kernel.md.
+// Each timed call runs one piece over all keys of one item (one query token,
+// H heads in groups of 16), rotating over enough items that their cache rows
+// exceed the last-level cache, so every call streams its rows from DRAM as a
+// long decode does. Prints TSC ticks per key and per key and group; built with
+// -DMLA_CPU_PROFILE it also prints the phase totals (decode, qk, softmax,
+// transpose, pv) at exit. Not part of the extension (setup.py compiles
+// csrc/cpu/*.cpp only). Build and run on one core:
+//   g++ -O3 -std=c++17 -I csrc -o /tmp/piece_bench csrc/cpu/tools/piece_bench.cpp
+//       csrc/cpu/kernel_amx.cpp csrc/cpu/kernel_avx512.cpp csrc/cpu/kernel_avx2.cpp csrc/cpu/cpu_features.cpp
+//   taskset -c 2 /tmp/piece_bench amx mxfp4 16 8192
+// Arguments: path (amx, avx512, avx512_fp32, avx2), format (bf16, fp8, mxfp4),
+// H (1..128), keys per item, optionally the calls to time (default: about 2e9 TSC ticks
+// of calls; 0 for that default) and the MB of cache rows to rotate over (default 1024).
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <x86intrin.h>
+
+#include <algorithm>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu/cpu_features.h"
+#include "cpu/kernel_common.h"
+
+using namespace mla_decode;
+
+namespace {
+
+int usage(const char* why) {
+  fprintf(stderr, "piece_bench: %s\nusage: piece_bench PATH FORMAT H KEYS [CALLS [ROTATE_MB]]\n", why);
+  return 2;
+}
+
+uint16_t bf16_of(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 5) return usage("too few arguments");
+  const std::string path = argv[1], fmt = argv[2];
+  const int H = atoi(argv[3]);
+  const int keys = atoi(argv[4]);
+  if (H < 1 || H > kMaxHeads) return usage("H must be 1..128");
+  if (keys < 1) return usage("KEYS must be positive");
+  void (*piece)(const cpu::PieceArgs&, const cpu::CallScales&) = nullptr;
+  if (path == "amx") {
+    if (const char* why = cpu::amx_permission()) return usage(why);
+    piece = &cpu::piece_amx;
+  } else if (path == "avx512") {
+    piece = &cpu::piece_avx512;
+  } else if (path == "avx512_fp32") {
+    piece = &cpu::piece_avx512_fp32;
+  } else if (path == "avx2") {
+    piece = &cpu::piece_avx2;
+  } else {
+    return usage("PATH must be amx, avx512, avx512_fp32 or avx2");
+  }
+  KvFormat format;
+  int row_bytes;
+  if (fmt == "bf16") {
+    format = KvFormat::kBf16;
+    row_bytes = 2 * kHeadDimQK;
+  } else if (fmt == "fp8") {
+    format = KvFormat::kFp8E4M3FN;
+    row_bytes = kHeadDimQK;
+  } else if (fmt == "mxfp4") {
+    format = KvFormat::kMxfp4;
+    row_bytes = kMxfp4RowBytes;
+  } else {
+    return usage("FORMAT must be bf16, fp8 or mxfp4");
+  }
+  const double rotate_mb = argc > 6 ? atof(argv[6]) : 1024.0;
+  const int64_t item_bytes = static_cast<int64_t>(keys) * (row_bytes + (format == KvFormat::kMxfp4 ? 18 : 0));
+  const int items = static_cast<int>(std::max<int64_t>(1, static_cast<int64_t>(rotate_mb * 1e6) / item_bytes));
+  const int64_t rows = static_cast<int64_t>(items) * keys;
+
+  // Random rows in every format (fp8: no NaN codes; MXFP4 block exponents
+  // 120..130, the range of ordinary activations).
+  std::mt19937_64 rng(1);
+  std::vector<uint8_t> kv(static_cast<size_t>(rows) * row_bytes);
+  std::vector<uint8_t> mx(format == KvFormat::kMxfp4 ? static_cast<size_t>(rows) * 18 : 0);
+  if (format == KvFormat::kBf16) {
+    std::normal_distribution<float> nd;
+    uint16_t* w = reinterpret_cast<uint16_t*>(kv.data());
+    for (size_t i = 0; i < kv.size() / 2; ++i) w[i] = bf16_of(nd(rng));
+  } else {
+    uint64_t bits = 0;
+    for (size_t i = 0; i < kv.size(); ++i) {
+      if (i % 8 == 0) bits = rng();
+      uint8_t b = static_cast<uint8_t>(bits >> (8 * (i % 8)));
+      if (format == KvFormat::kFp8E4M3FN && (b & 0x7F) == 0x7F) b ^= 1;
+      kv[i] = b;
+    }
+    for (size_t i = 0; i < mx.size(); ++i) mx[i] = static_cast<uint8_t>(120 + rng() % 11);
+  }
+  std::vector<uint16_t> q(static_cast<size_t>(H) * kHeadDimQK);
+  {
+    std::normal_distribution<float> nd;
+    for (auto& v : q) v = bf16_of(nd(rng));
+  }
+  std::vector<int32_t> kv_indptr(items + 1);
+  for (int i = 0; i <= items; ++i) kv_indptr[i] = i * keys;
+  const float fp8_scale = 0.02f;
+
+  MlaDecodeParams p;
+  p.batch = items;
+  p.num_heads = H;
+  p.total_q = 1;
+  p.num_cache_rows = rows;
+  p.sm_scale = 0.0416666f;
+  p.q = q.data();
+  p.q_stride_token = static_cast<int64_t>(H) * kHeadDimQK;
+  p.q_stride_head = kHeadDimQK;
+  p.format = format;
+  p.kv = kv.data();
+  p.kv_row_stride_bytes = row_bytes;
+  p.fp8_scale = &fp8_scale;
+  p.mx_scale = mx.empty() ? nullptr : mx.data();
+  p.mx_scale_stride_row = 18;
+  p.mx_scale_stride_col = 1;
+  p.layout = KvLayout::kIndptr;
+  p.kv_indptr = kv_indptr.data();
+
+  const int ng = (H + cpu::kGroupRows - 1) / cpu::kGroupRows;
+  std::vector<cpu::GroupDesc> groups(ng);
+  for (int g = 0; g < ng; ++g) {
+    groups[g] = cpu::GroupDesc{0, g * cpu::kGroupRows, std::min(cpu::kGroupRows, H - g * cpu::kGroupRows), keys};
+  }
+  float* O = static_cast<float*>(aligned_alloc(64, sizeof(float) * ng * cpu::kOFloats));
+  std::vector<float> m(ng * 16), l(ng * 16);
+  const cpu::CallScales cs{p.sm_scale * (format == KvFormat::kFp8E4M3FN ? fp8_scale : 1.f),
+                           format == KvFormat::kFp8E4M3FN ? fp8_scale : 1.f};
+  auto run = [&](int item) {
+    cpu::PieceArgs a{&p, item, groups.data(), ng, 0, keys, O, m.data(), l.data()};
+    piece(a, cs);
+  };
+  run(0);  // first touch of the scratch, tile configuration
+  uint64_t t0 = __rdtsc();
+  run(1 % items);
+  const uint64_t one = __rdtsc() - t0;
+  const long asked = argc > 5 ? atol(argv[5]) : 0;  // 0: about 2e9 ticks of calls
+  const long calls = asked > 0 ? asked : std::max<long>(20, static_cast<long>(2e9 / std::max<uint64_t>(one, 1)));
+  double sum = 0;
+  for (int g = 0; g < ng * 16; ++g) sum += l[g];  // keep the results alive
+  t0 = __rdtsc();
+  for (long c = 0; c < calls; ++c) run(static_cast<int>(c % items));
+  const double ticks = static_cast<double>(__rdtsc() - t0) / calls;
+  printf("%s %s H=%d keys=%d groups=%d items=%d calls=%ld: %.0f ticks per call, %.1f per key, %.1f per key and group "
+         "(check %.3g)\n",
+         path.c_str(), fmt.c_str(), H, keys, ng, items, calls, ticks, ticks / keys, ticks / keys / ng, sum);
+  free(O);
+  return 0;
+}
