@@ -1,0 +1,57 @@
+"""The CPU kernel's measurement tool (csrc/cpu/tools/piece_bench.cpp, outside the extension)
+builds against the current kernel sources and runs: the figures of docs/cpu-kernel.md come from
+it, so it must not rot while the kernels change."""
+import platform
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = ["csrc/cpu/tools/piece_bench.cpp", "csrc/cpu/kernel_amx.cpp", "csrc/cpu/kernel_avx512.cpp",
+           "csrc/cpu/kernel_avx2.cpp", "csrc/cpu/cpu_features.cpp"]
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None or platform.machine() not in ("x86_64", "AMD64"),
+                                reason="piece_bench needs g++ on x86-64")
+
+
+def _has_avx2():
+    try:
+        return re.search(r"\bavx2\b", Path("/proc/cpuinfo").read_text()) is not None
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def piece_bench(tmp_path_factory):
+    exe = tmp_path_factory.mktemp("piece_bench") / "piece_bench"
+    cmd = ["g++", "-O1", "-std=c++17", f"-I{ROOT / 'csrc'}", "-o", str(exe), *[str(ROOT / s) for s in SOURCES]]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return exe
+
+
+@pytest.mark.skipif(not _has_avx2(), reason="the CPU lacks AVX2")
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "mxfp4"])
+def test_piece_bench_runs(piece_bench, fmt):
+    proc = subprocess.run([str(piece_bench), "avx2", fmt, "20", "200", "3", "8"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    m = re.search(r"avx2 (\w+) H=20 keys=200 groups=2 items=\d+ calls=3: \d+ ticks per call, ([\d.]+) per key, "
+                  r"([\d.]+) per key and group \(check ([-\d.e+]+)\)", proc.stdout)
+    assert m, proc.stdout
+    assert m.group(1) == fmt
+    assert float(m.group(2)) > 0 and abs(float(m.group(3)) * 2 - float(m.group(2))) < 0.2
+    assert float(m.group(4)) > 0  # the row sums of the last call: positive, finite
+
+
+@pytest.mark.parametrize("args,why", [(["avx2", "bf16", "0", "16"], "H must be 1..128"),
+                                      (["sse", "bf16", "16", "16"], "PATH must be"),
+                                      (["avx2", "int8", "16", "16"], "FORMAT must be"),
+                                      (["avx2"], "too few arguments")])
+def test_piece_bench_refuses_bad_arguments(piece_bench, args, why):
+    proc = subprocess.run([str(piece_bench), *args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert why in proc.stderr
