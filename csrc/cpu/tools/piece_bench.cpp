@@ -20,6 +20,7 @@
 #include <x86intrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <string>
 #include <vector>
@@ -83,8 +84,10 @@ int main(int argc, char** argv) {
   const int items = static_cast<int>(std::max<int64_t>(1, static_cast<int64_t>(rotate_mb * 1e6) / item_bytes));
   const int64_t rows = static_cast<int64_t>(items) * keys;
 
-  // Random rows in every format (fp8: no NaN codes; MXFP4 block exponents
-  // 120..130, the range of ordinary activations).
+  // Rows as a quantiser makes them from Gaussian data: bf16 N(0, 1); fp8 the
+  // nearest e4m3 code of N(0, 1) x 64 (a per-tensor scale that puts the
+  // largest values near 448, so subnormal codes are as rare as in a real
+  // cache); MXFP4 random E2M1 codes with block exponents 120..130.
   std::mt19937_64 rng(1);
   std::vector<uint8_t> kv(static_cast<size_t>(rows) * row_bytes);
   std::vector<uint8_t> mx(format == KvFormat::kMxfp4 ? static_cast<size_t>(rows) * 18 : 0);
@@ -92,13 +95,26 @@ int main(int argc, char** argv) {
     std::normal_distribution<float> nd;
     uint16_t* w = reinterpret_cast<uint16_t*>(kv.data());
     for (size_t i = 0; i < kv.size() / 2; ++i) w[i] = bf16_of(nd(rng));
+  } else if (format == KvFormat::kFp8E4M3FN) {
+    // The 127 finite non-negative e4m3 magnitudes in increasing order (codes 0..126).
+    std::vector<float> mags(127);
+    for (int c = 0; c < 127; ++c) {
+      const int e = c >> 3, m = c & 7;
+      mags[c] = e == 0 ? m / 512.f : std::ldexp(1.f + m / 8.f, e - 7);
+    }
+    std::normal_distribution<float> nd;
+    for (auto& b : kv) {
+      const float f = nd(rng) * 64.f, a = std::fabs(f);
+      int c = static_cast<int>(std::lower_bound(mags.begin(), mags.end(), a) - mags.begin());
+      if (c == 127) c = 126;
+      else if (c > 0 && a - mags[c - 1] <= mags[c] - a) --c;
+      b = static_cast<uint8_t>(c | (f < 0 ? 0x80 : 0));
+    }
   } else {
     uint64_t bits = 0;
     for (size_t i = 0; i < kv.size(); ++i) {
       if (i % 8 == 0) bits = rng();
-      uint8_t b = static_cast<uint8_t>(bits >> (8 * (i % 8)));
-      if (format == KvFormat::kFp8E4M3FN && (b & 0x7F) == 0x7F) b ^= 1;
-      kv[i] = b;
+      kv[i] = static_cast<uint8_t>(bits >> (8 * (i % 8)));
     }
     for (size_t i = 0; i < mx.size(); ++i) mx[i] = static_cast<uint8_t>(120 + rng() % 11);
   }
