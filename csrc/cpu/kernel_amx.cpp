@@ -6,7 +6,7 @@
 //
 // Tiles of 128 keys (kTile), scored in blocks of 64 (kQkKeys).
 //   QK: S (keys x rows) = Kb (keys x 576) . Qt. A block's 64 keys are decoded
-//       into Kb (bf16 rows of 16 consecutive cache rows are read in place),
+//       into Kb (bf16: 64 consecutive cache rows are read in place),
 //       then every group that sees them is scored with four accumulator tiles
 //       (four independent tdpbf16ps chains, which the tile unit needs to run
 //       at its rate): 4 groups x 1 sub-tile of 16 keys where 4 groups remain
@@ -24,8 +24,8 @@
 // The cache lines of the next block (64 keys ahead) are prefetched during a
 // block's first QK call, spread over its 18 chunks (a burst would hold the
 // miss buffers while the products wait), with the T0 hint: on the Xeon of
-// docs/cpu-kernel.md 17-45% faster than T1 (L2 only) at H = 128 and for bf16,
-// within 5% either way for fp8 and MXFP4 at H = 16.
+// docs/cpu-kernel.md it took 0.75-0.95x the time of T1 (L2 only) at H = 64
+// and 128 and for bf16 at H = 16, 1.03-1.05x for fp8 and MXFP4 at H = 16.
 // Linux grants the tile state only on request (cpu_features.cpp); the
 // driver runs this path only after that and after its self-test
 // (decode_cpu.cpp).
