@@ -5,6 +5,7 @@ import platform
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,15 @@ def test_piece_bench_refuses_bad_arguments(piece_bench, args, why):
     proc = subprocess.run([str(piece_bench), *args], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert why in proc.stderr
+
+
+@pytest.mark.skipif(not _has_avx2() or shutil.which("git") is None or not (ROOT / ".git").exists(),
+                    reason="needs AVX2 and a git checkout")
+def test_cpu_ab_runs_the_checkout():
+    """scripts/cpu_ab.py (the A/B of docs/cpu-kernel.md's AMX changes) builds and runs a
+    revision and prints its row."""
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "cpu_ab.py"), "WORKTREE", "--path", "avx2",
+                           "--shapes", "16,100,mxfp4", "--rounds", "1", "--rotate-mb", "4"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"H= 16 keys=  100 mxfp4: WORKTREE [\d.]+ \(\d+\) x1\.00", proc.stdout), proc.stdout
