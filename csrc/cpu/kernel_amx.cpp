@@ -192,28 +192,25 @@ MLA_TARGET_AMX void pv_groups(int groups, const AmxScratch& sc, const int* gi, f
         _tile_loadd(2, O[2] + 16 * n, kOStride);
         _tile_loadd(3, O[3] + 16 * n, kOStride);
       }
+      // One step: its Vv tile into tmm B, each group's Pa tile in turn into
+      // tmm6 / tmm7 (the literal tile numbers are why this is a macro).
+#define MLA_PV4_STEP(B, st)                                          \
+  _tile_loadd(B, vv + (16 * (st)) * kVvRow + 16 * n, kVvStride);     \
+  _tile_loadd(6, pa0 + 16 * (st), kPaStride);                        \
+  _tile_dpbf16ps(0, 6, B);                                           \
+  _tile_loadd(7, pa1 + 16 * (st), kPaStride);                        \
+  _tile_dpbf16ps(1, 7, B);                                           \
+  _tile_loadd(6, pa2 + 16 * (st), kPaStride);                        \
+  _tile_dpbf16ps(2, 6, B);                                           \
+  _tile_loadd(7, pa3 + 16 * (st), kPaStride);                        \
+  _tile_dpbf16ps(3, 7, B);
       for (int st = 0; st < steps; st += 2) {
-        _tile_loadd(4, vv + (16 * st) * kVvRow + 16 * n, kVvStride);
-        _tile_loadd(6, pa0 + 16 * st, kPaStride);
-        _tile_dpbf16ps(0, 6, 4);
-        _tile_loadd(7, pa1 + 16 * st, kPaStride);
-        _tile_dpbf16ps(1, 7, 4);
-        _tile_loadd(6, pa2 + 16 * st, kPaStride);
-        _tile_dpbf16ps(2, 6, 4);
-        _tile_loadd(7, pa3 + 16 * st, kPaStride);
-        _tile_dpbf16ps(3, 7, 4);
+        MLA_PV4_STEP(4, st)
         if (st + 1 < steps) {
-          _tile_loadd(5, vv + (16 * (st + 1)) * kVvRow + 16 * n, kVvStride);
-          _tile_loadd(6, pa0 + 16 * (st + 1), kPaStride);
-          _tile_dpbf16ps(0, 6, 5);
-          _tile_loadd(7, pa1 + 16 * (st + 1), kPaStride);
-          _tile_dpbf16ps(1, 7, 5);
-          _tile_loadd(6, pa2 + 16 * (st + 1), kPaStride);
-          _tile_dpbf16ps(2, 6, 5);
-          _tile_loadd(7, pa3 + 16 * (st + 1), kPaStride);
-          _tile_dpbf16ps(3, 7, 5);
+          MLA_PV4_STEP(5, st + 1)
         }
       }
+#undef MLA_PV4_STEP
       _tile_stored(0, O[0] + 16 * n, kOStride);
       _tile_stored(1, O[1] + 16 * n, kOStride);
       _tile_stored(2, O[2] + 16 * n, kOStride);
@@ -310,18 +307,10 @@ MLA_TARGET_AMX void run_piece_amx(const PieceArgs& a, const CallScales& cs) {
       MLA_PROFILE_START();
       const int nb = std::min(kQkKeys, nv - kb0);
       const int subs = (nb + kSubTile - 1) / kSubTile;
-      // bf16 rows are their own Kb: QK reads a full block of consecutive rows
-      // kRowDwords apart straight from the cache.
-      const uint32_t* kq = sc.kb;
-      bool direct = false;
-      if constexpr (F == KvFormat::kBf16) {
-        if (nb == kQkKeys && p.kv_row_stride_bytes == 4 * kRowDwords) {
-          const int64_t r0 = kv_row(p, a.b, j0 + kb0);
-          direct = true;
-          for (int k = 1; k < kQkKeys && direct; ++k) direct = kv_row(p, a.b, j0 + kb0 + k) == r0 + k;
-          if (direct) kq = reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(p.kv) + r0 * p.kv_row_stride_bytes);
-        }
-      }
+      // A full block of bf16 rows in place: QK reads them straight from the cache.
+      const uint32_t* in_place = nb == kQkKeys ? rows_in_place<F>(p, a.b, j0 + kb0, kQkKeys) : nullptr;
+      const bool direct = in_place != nullptr;
+      const uint32_t* kq = direct ? in_place : sc.kb;
       decode_keys<F>(p, a.b, j0, kb0, kb0 + nb, nv, !direct, sc);
       if (!direct) {
         // Rows past the block's keys up to its last sub-tile: zero (the

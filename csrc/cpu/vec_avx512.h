@@ -250,6 +250,21 @@ MLA_TARGET_AVX512F static inline int list_prefetch_lines(const MlaDecodeParams& 
   return n;
 }
 
+// bf16 rows are their own Kb: keys [j, j + n) of item b as rows kRowDwords
+// apart in the cache itself when the format is bf16, rows are dense (stride
+// 1152 bytes) and the n keys are consecutive rows; nullptr otherwise.
+template <KvFormat F>
+MLA_TARGET_AVX512F static inline const uint32_t* rows_in_place(const MlaDecodeParams& p, int32_t b, int32_t j,
+                                                                int n) {
+  if constexpr (F != KvFormat::kBf16) return nullptr;
+  if (p.kv_row_stride_bytes != 4 * kRowDwords) return nullptr;
+  const int64_t r0 = kv_row(p, b, j);
+  for (int k = 1; k < n; ++k) {
+    if (kv_row(p, b, j + k) != r0 + k) return nullptr;
+  }
+  return reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(p.kv) + r0 * p.kv_row_stride_bytes);
+}
+
 // Decodes keys [k_begin, k_end) of the tile starting at key j0 of item b
 // (k_begin even; a pair's second key at or beyond nv is zero) into Vv and,
 // where store_kb, into Kb (key k_begin at its first row). Sc: the path's
@@ -450,20 +465,10 @@ MLA_TARGET_AVX512 void run_piece_format(const PieceArgs& a, const CallScales& cs
       const int nv = std::min<int32_t>(Mm::kTile, key_end - j0);
       for (int k0 = 0; k0 < nv; k0 += kSubTile) {
         MLA_PROFILE_START();
-        // bf16 rows are their own Kb: QK reads a full sub-tile of consecutive
-        // rows kRowDwords apart straight from the cache.
-        bool direct = false;
-        if constexpr (F == KvFormat::kBf16) {
-          if (k0 + kSubTile <= nv && p.kv_row_stride_bytes == 4 * kRowDwords) {
-            const int64_t r0 = kv_row(p, a.b, j0 + k0);
-            direct = true;
-            for (int k = 1; k < kSubTile && direct; ++k) direct = kv_row(p, a.b, j0 + k0 + k) == r0 + k;
-            if (direct) {
-              sc.kq = reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(p.kv) + r0 * p.kv_row_stride_bytes);
-            }
-          }
-        }
-        if (!direct) sc.kq = sc.kb;
+        // A full sub-tile of bf16 rows in place: QK reads them straight from the cache.
+        const uint32_t* in_place = k0 + kSubTile <= nv ? rows_in_place<F>(p, a.b, j0 + k0, kSubTile) : nullptr;
+        const bool direct = in_place != nullptr;
+        sc.kq = direct ? in_place : sc.kb;
         decode_keys<F>(p, a.b, j0, k0, std::min(nv, k0 + kSubTile), nv, !direct, sc);
         MLA_PROFILE_LAP(0, kDecode);
         int n_pf = list_prefetch_lines<F>(p, a.b, j0 + k0 + kPrefetchAhead, key_end, sc.pf);
