@@ -4,7 +4,7 @@
 #
 # An unchanged tree is not rebuilt: the build's inputs (csrc/, setup.py,
 # pyproject.toml, the version file, the torch and Python it targets, the
-# variables setup.py reads) are hashed into build/setup_env.stamp after each
+# variables setup.py and the compiler read) are hashed into build/setup_env.stamp after each
 # successful build; when the hash matches, the native library is there and
 # $PY imports this checkout, the build step is skipped. Otherwise pip builds
 # through ninja in setup.py's persistent object folder (build/obj-*), so a
@@ -68,7 +68,8 @@ import sys
 print(sys.executable, sys.version)
 print("torch", md.version("torch"), importlib.util.find_spec("torch").origin)
 for name in ("MLA_DECODE_CUDA", "MLA_DECODE_HIP", "MLA_DECODE_DEBUG", "MLA_DECODE_TRACE", "TORCH_CUDA_ARCH_LIST",
-             "PYTORCH_ROCM_ARCH", "CUDA_HOME", "CUDA_PATH", "ROCM_HOME", "ROCM_PATH"):
+             "PYTORCH_ROCM_ARCH", "CUDA_HOME", "CUDA_PATH", "ROCM_HOME", "ROCM_PATH",
+             "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS"):
     print(name, os.environ.get(name))
 print("nvcc", shutil.which("nvcc"), "hipcc", shutil.which("hipcc"))
 EOF
