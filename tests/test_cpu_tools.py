@@ -58,6 +58,35 @@ def test_piece_bench_refuses_bad_arguments(piece_bench, args, why):
     assert why in proc.stderr
 
 
+def _cpu_flags():
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
+
+
+_PATH_FLAGS = {"amx": {"amx_bf16", "amx_tile", "avx512_bf16"}, "avx512": {"avx512_bf16", "avx512f", "avx512bw"},
+               "avx512_fp32": {"avx512f", "avx512bw", "avx512vl", "avx512dq"}, "avx2": {"avx2", "fma"}}
+
+
+@pytest.mark.parametrize("path", sorted(_PATH_FLAGS))
+def test_piece_bench_refuses_a_path_the_cpu_lacks(piece_bench, path):
+    """A path whose instructions this CPU lacks is refused with the reason (exit 3), not run into
+    SIGILL."""
+    flags = _cpu_flags()
+    if flags is None:
+        pytest.skip("no /proc/cpuinfo flags")
+    if _PATH_FLAGS[path] <= flags:
+        pytest.skip(f"this CPU has the {path} path")
+    proc = subprocess.run([str(piece_bench), path, "bf16", "16", "64", "2", "1"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 3, (proc.returncode, proc.stderr)
+    assert "this CPU lacks" in proc.stderr
+
+
 @pytest.mark.skipif(not _has_avx2() or shutil.which("git") is None or not (ROOT / ".git").exists(),
                     reason="needs AVX2 and a git checkout")
 def test_cpu_ab_runs_the_checkout():

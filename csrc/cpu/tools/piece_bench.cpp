@@ -32,6 +32,12 @@ using namespace mla_decode;
 
 namespace {
 
+// A path this CPU cannot run (exit status 3, so scripts can tell it from a usage error).
+int refuse(const char* why) {
+  fprintf(stderr, "piece_bench: %s\n", why);
+  return 3;
+}
+
 int usage(const char* why) {
   fprintf(stderr, "piece_bench: %s\nusage: piece_bench PATH FORMAT H KEYS [CALLS [ROTATE_MB]]\n", why);
   return 2;
@@ -53,18 +59,24 @@ int main(int argc, char** argv) {
   if (H < 1 || H > kMaxHeads) return usage("H must be 1..128");
   if (keys < 1) return usage("KEYS must be positive");
   void (*piece)(const cpu::PieceArgs&, const cpu::CallScales&) = nullptr;
+  const cpu::CpuFeatures& cpu = cpu::cpu_features();
   if (path == "amx") {
+    if (!cpu.amx_bf16) return refuse("this CPU lacks AMX-BF16 (or the OS does not enable the tile state)");
     if (const char* why = cpu::amx_permission()) return usage(why);
     piece = &cpu::piece_amx;
   } else if (path == "avx512") {
+    if (!cpu.avx512_bf16) return refuse("this CPU lacks AVX-512 BF16 (or the OS does not enable the zmm state)");
     piece = &cpu::piece_avx512;
   } else if (path == "avx512_fp32") {
+    if (!cpu.avx512_f) return refuse("this CPU lacks AVX-512 F/BW/VL/DQ (or the OS does not enable the zmm state)");
     piece = &cpu::piece_avx512_fp32;
   } else if (path == "avx2") {
+    if (!cpu.avx2_fma) return refuse("this CPU lacks AVX2 and FMA (or the OS does not enable the ymm state)");
     piece = &cpu::piece_avx2;
   } else {
     return usage("PATH must be amx, avx512, avx512_fp32 or avx2");
   }
+  if (!cpu::vector_paths_built()) return refuse("this build has no vector paths (not x86-64 GCC or clang)");
   KvFormat format;
   int row_bytes;
   if (fmt == "bf16") {
