@@ -118,7 +118,7 @@ struct ProfilePrinter {
   ~ProfilePrinter() {
     static const char* names[] = {"decode", "qk", "softmax", "pv"};
     for (int amx = 0; amx < 2; ++amx) {
-      fprintf(stderr, "mla_decode profile %s:", amx ? "amx" : "avx512");
+      fprintf(stderr, "mla_decode profile %s:", amx ? "amx" : "avx512 or avx512_fp32");
       for (int ph = 0; ph < kPhases; ++ph) fprintf(stderr, " %s %.3e", names[ph], double(g_phase_ticks[amx][ph]));
       fprintf(stderr, "\n");
     }
@@ -236,16 +236,21 @@ MLA_TARGET_AVX512F static void run_piece32(const PieceArgs& a, const CallScales&
     const float logit_scale_log2 = cs.qk * kLog2e;
     for (int32_t j0 = a.key_begin; j0 < key_end; j0 += kTile32) {
       const int nv = std::min<int32_t>(kTile32, key_end - j0);
+      MLA_PROFILE_START();
       decode_tile32<F>(p, a.b, j0, nv, key_end, sc.kf);
+      MLA_PROFILE_LAP(0, kDecode);
       for (int g = a.ng - 1; g >= 0; --g) {
         const int nk = std::min<int32_t>(nv, a.groups[g].visible - j0);
         if (nk <= 0) break;
         float* O = a.O + static_cast<int64_t>(g) * kOFloats;
         qk32(sc.qt + g * kHeadDimQK * 16, sc.kf, nk, sc.s);
+        MLA_PROFILE_LAP(0, kQk);
         const bool first = j0 == a.key_begin;  // O is written, not accumulated
         const __m512 m_ref = softmax_update(nk, logit_scale_log2, sc.s, sc.m2 + g * 16, a.l + g * 16, O, first);
         probs_fp32(nk, m_ref, sc.s, a.l + g * 16);
+        MLA_PROFILE_LAP(0, kSoftmax);
         pv32(sc.s, sc.kf, nk, a.groups[g].nh, O, first);
+        MLA_PROFILE_LAP(0, kPv);
       }
     }
   }
