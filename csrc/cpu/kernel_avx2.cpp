@@ -1,5 +1,6 @@
 // The AVX2 + FMA path, for x86-64 CPUs without AVX-512 BF16: fp32 products
-// (8 lanes, 16 registers), fp32 accumulation. Tiles of 32 keys.
+// (8 lanes, 16 registers), fp32 accumulation. Tiles of 64 keys (Kf 147 KB,
+// in L2; the PV blocks run 64 keys between their loads and stores of O).
 //   Qtf  once per piece and group: the 16 query rows transposed, [d][16] fp32.
 //   Kf   each tile: its keys decoded in registers to fp32 (fp8 codes without
 //        the tensor scale, which is folded into the logit and output scales;
@@ -9,7 +10,7 @@
 //        each dim one pair of Qtf vectors times the key's value broadcast.
 //   PV   lanes are dims: blocks of up to 6 rows x 16 dims (12 accumulators),
 //        each key two Kf vectors times each row's probability broadcast from S.
-//   (Blocks of near-equal size: 32 keys 6, 6, 5, 5, 5, 5; 16 rows 6, 5, 5.)
+//   (Blocks of near-equal size: 64 keys 6 x 9 and 5 x 2; 16 rows 6, 5, 5.)
 // Softmax as in vec_avx512.h: online in the log2 domain, lazy rescale.
 #include "cpu/kernel_common.h"
 
@@ -32,7 +33,7 @@ namespace mla_decode {
 namespace cpu {
 namespace {
 
-constexpr int kTile = 32;
+constexpr int kTile = 64;
 
 struct alignas(64) Avx2Scratch {
   float qt[kMaxGroupsPerPiece * kHeadDimQK * 16];
