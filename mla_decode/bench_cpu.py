@@ -14,8 +14,12 @@ cache format and thread count it times:
 * the memory floor: the cache bytes (bf16 1152, fp8 576, MXFP4 306 per token) over the read
   bandwidth measured in the same run at the same thread count (the sum of a 512 MB fp32 tensor).
 
-Every time is the median of repeated calls (at least 3, until 0.3 s; the CSV also has the minimum,
-which is what a shared machine's scheduler leaves least disturbed); the table goes to stdout,
+Per shape, format and thread count, plain PyTorch and every implementation are timed in three
+interleaved rounds (plain, then each implementation, three times; at least one call each per round,
+0.3 s per implementation in all, 0.1 s with --quick), so that a change of a shared machine's load
+during a shape reaches both sides of a ratio. Every time is the median of all its calls (the CSV
+also has the minimum, which is what a shared machine's scheduler leaves least disturbed); the
+speedup over plain is the median of the three rounds' paired ratios. The table goes to stdout,
 rows to ``cpu_bench.csv`` and, where matplotlib imports, a plot to ``cpu_bench.png`` in the output
 folder. The header names the CPU, its vector flags, torch's threads and the load average.
 """
@@ -82,6 +86,33 @@ def _times_ms(fn, min_reps: int = 3, min_time: float = 0.3, max_reps: int = 50):
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e3, min(times) * 1e3
+
+
+def _interleaved_ms(fns, rounds: int = 3, min_time: float = 0.3, max_reps: int = 50):
+    """Times the callables of fns in `rounds` interleaved rounds (fns[0], fns[1], ..., then again),
+    so that a change of the machine's load during a shape reaches every one of them: one warm-up
+    call each first, then per round and callable at least one call and min_time / rounds seconds.
+    Returns, per callable, (median ms over all its calls, min ms, its per-round medians)."""
+    for fn in fns:
+        fn()
+    samples = [[] for _ in fns]
+    per_round = [[] for _ in fns]
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            times = []
+            t_end = time.perf_counter() + min_time / rounds
+            while not times or (time.perf_counter() < t_end and len(times) < max_reps):
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+            samples[i].extend(times)
+            per_round[i].append(statistics.median(times) * 1e3)
+    return [(statistics.median(t) * 1e3, min(t) * 1e3, r) for t, r in zip(samples, per_round)]
+
+
+def _paired_speedup(plain_rounds, impl_rounds) -> float:
+    """The median over rounds of plain's time over the implementation's in the same round."""
+    return statistics.median(p / o for p, o in zip(plain_rounds, impl_rounds))
 
 
 def _median_ms(fn, **kw) -> float:
@@ -151,11 +182,14 @@ def run_cpu_benchmark(out_dir: str | None = None, threads=(1, 2), quick: bool = 
                                      torch.tensor([0, 1], dtype=torch.int32),
                                      kv_indptr=torch.tensor([0, 1], dtype=torch.int32)).kernel
     shapes_b = SHAPES_B[:2] if quick else SHAPES_B
-    min_time = 0.1 if quick else 0.3
+    min_time = 0.1 if quick else 0.3  # per implementation and shape, over all rounds
+    rounds = 3
     old_threads = torch.get_num_threads()
     header = [f"CPU: {cpu['model']} ({cpu['cores']} logical CPUs); flags: {' '.join(cpu['flags'])}",
               f"torch {torch.__version__}; mla_decode {mla_decode.__version__}; auto path: {auto_kernel}; "
-              f"paths run: {', '.join(paths)}; load average at start: {load_average()}"]
+              f"paths run: {', '.join(paths)}; load average at start: {load_average()}",
+              f"timing: {rounds} interleaved rounds per shape (plain, then each implementation); ms the median "
+              f"of all calls, 'vs plain' the median of the rounds' paired ratios"]
     rows = []
     gen = torch.Generator().manual_seed(0)
     csv_file = None
@@ -199,30 +233,32 @@ def run_cpu_benchmark(out_dir: str | None = None, threads=(1, 2), quick: bool = 
                         for t in threads:
                             torch.set_num_threads(t)
                             floor_ms = cache_bytes / (bandwidth[t] * 1e9) * 1e3
-                            plain_ms, plain_min = _times_ms(lambda: _plain(q32, deq), min_time=min_time)
+                            impls = [("op:auto", None)] + [(f"op:{p}", p) for p in paths]
+                            impls = [(n, p) for n, p in impls if not (p == "scalar" and gflop > max_scalar_gflop)]
+                            kernels, calls = [], []
+                            for name, path in impls:
+                                ov = None if path is None else {"cpu_path": path}
+                                kernels.append(mla_decode.explain(q, cache, qo, kv_scale=scale, kv_indptr=kvi,
+                                                                  sm_scale=SM_SCALE, overrides=ov).kernel)
+                                calls.append(lambda ov=ov: mla_decode.decode(
+                                    q, cache, qo, kv_scale=scale, kv_indptr=kvi, sm_scale=SM_SCALE, out=out, lse=lse,
+                                    _overrides=ov))
+                            timed = _interleaved_ms([lambda: _plain(q32, deq)] + calls, rounds=rounds,
+                                                    min_time=min_time)
+                            plain_ms, plain_min, plain_rounds = timed[0]
                             base = {"H": H, "B": B, "kv": kv, "format": fmt, "threads": t, "gflop": round(gflop, 4),
                                     "cache_mb": round(cache_bytes / 1e6, 3), "floor_ms": round(floor_ms, 4),
                                     "plain_ms": round(plain_ms, 4), "plain_ms_min": round(plain_min, 4),
                                     "bandwidth_gbps": round(bandwidth[t], 2)}
-                            impls = [("op:auto", None)] + [(f"op:{p}", p) for p in paths]
                             emit(dict(base, impl="plain", kernel="torch fp32 bmm/softmax/bmm",
                                       ms=round(plain_ms, 4), ms_min=round(plain_min, 4),
                                       gbps=round(cache_bytes / plain_ms / 1e6, 2),
                                       pct_floor=round(100 * floor_ms / plain_ms, 1), speedup=1.0, speedup_min=1.0))
-                            for name, path in impls:
-                                if path == "scalar" and gflop > max_scalar_gflop:
-                                    continue
-                                ov = None if path is None else {"cpu_path": path}
-                                kernel = mla_decode.explain(q, cache, qo, kv_scale=scale, kv_indptr=kvi,
-                                                            sm_scale=SM_SCALE, overrides=ov).kernel
-
-                                def call():
-                                    mla_decode.decode(q, cache, qo, kv_scale=scale, kv_indptr=kvi, sm_scale=SM_SCALE,
-                                                      out=out, lse=lse, _overrides=ov)
-                                ms, ms_min = _times_ms(call, min_time=min_time)
+                            for (name, _), kernel, (ms, ms_min, rounds_ms) in zip(impls, kernels, timed[1:]):
                                 emit(dict(base, impl=name, kernel=kernel, ms=round(ms, 4), ms_min=round(ms_min, 4),
                                           gbps=round(cache_bytes / ms / 1e6, 2), pct_floor=round(100 * floor_ms / ms, 1),
-                                          speedup=round(plain_ms / ms, 2), speedup_min=round(plain_min / ms_min, 2)))
+                                          speedup=round(_paired_speedup(plain_rounds, rounds_ms), 2),
+                                          speedup_min=round(plain_min / ms_min, 2)))
                         del q, cache, scale, deq, q32
     finally:
         torch.set_num_threads(old_threads)
