@@ -8,7 +8,9 @@ first revision. Only ratios within one run mean anything on a shared or frequenc
         --shapes "16,8192,fp8 16,8192,mxfp4 128,1024,bf16" --rounds 3 --core 9
 
 A revision may be WORKTREE (the checkout's files as they are). Needs git, g++ and a CPU that runs
-the chosen path (piece_bench refuses a path it cannot run, with the reason).
+the chosen path (piece_bench refuses a path it cannot run, with the reason). Where the kernel
+contract changed between the revisions (kernel_common.h), the checkout's harness may not compile
+against the older one: --own-harness builds each revision with its own piece_bench.cpp.
 """
 import argparse
 import os
@@ -37,8 +39,9 @@ def export(rev: str, dest: Path) -> Path:
     return dest
 
 
-def build(tree: Path, exe: Path, extra_flags) -> None:
-    cmd = ["g++", "-O3", "-std=c++17", f"-I{tree / 'csrc'}", *extra_flags, "-o", str(exe), str(HARNESS),
+def build(tree: Path, exe: Path, extra_flags, own_harness: bool = False) -> None:
+    harness = tree / HARNESS.relative_to(ROOT) if own_harness else HARNESS
+    cmd = ["g++", "-O3", "-std=c++17", f"-I{tree / 'csrc'}", *extra_flags, "-o", str(exe), str(harness),
            *[str(tree / s) for s in SOURCES]]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -55,6 +58,10 @@ def main(argv=None) -> int:
     ap.add_argument("--core", type=int, default=None, help="pin every run to this core (taskset)")
     ap.add_argument("--rotate-mb", type=int, default=256, help="MB of cache rows each run rotates over")
     ap.add_argument("--cflags", default="", help="extra compiler flags, e.g. -DMLA_CPU_PROFILE")
+    ap.add_argument("--own-harness", action="store_true",
+                    help="build each revision with its own csrc/cpu/tools/piece_bench.cpp instead of the "
+                         "checkout's (for revisions whose kernel contract the checkout's harness no longer "
+                         "compiles against; the harness's inputs must be the same in both)")
     args = ap.parse_args(argv)
     shapes = []
     for s in args.shapes.split():
@@ -67,7 +74,7 @@ def main(argv=None) -> int:
         for i, rev in enumerate(args.revs):
             tree = export(rev, Path(tmp) / f"rev{i}")
             exe = Path(tmp) / f"piece_bench_{i}"
-            build(tree, exe, args.cflags.split())
+            build(tree, exe, args.cflags.split(), args.own_harness)
             exes.append(exe)
         pin = ["taskset", "-c", str(args.core)] if args.core is not None else []
         best = {}

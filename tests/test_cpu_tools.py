@@ -97,3 +97,16 @@ def test_cpu_ab_runs_the_checkout():
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert re.search(r"H= 16 keys=  100 mxfp4: WORKTREE [\d.]+ \(\d+\) x1\.00", proc.stdout), proc.stdout
+
+
+@pytest.mark.skipif(not _has_avx2() or shutil.which("git") is None or not (ROOT / ".git").exists(),
+                    reason="needs AVX2 and a git checkout")
+def test_cpu_ab_own_harness_builds_each_revision_with_its_harness():
+    """--own-harness compiles a revision's own piece_bench.cpp (for A/Bs across a change of the
+    kernel contract that the checkout's harness follows)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "cpu_ab.py"), "HEAD", "WORKTREE", "--own-harness",
+                           "--path", "avx2", "--shapes", "16,100,bf16", "--rounds", "1", "--rotate-mb", "4"],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"H= 16 keys=  100  bf16: HEAD [\d.]+ \(\d+\) x1\.00   WORKTREE [\d.]+ \(\d+\) x[\d.]+",
+                     proc.stdout), proc.stdout
