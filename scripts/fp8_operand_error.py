@@ -34,32 +34,31 @@ def e4m3(x: torch.Tensor) -> torch.Tensor:
     return x.clamp(-448.0, 448.0).to(E4M3).double()
 
 
+def terms(y: torch.Tensor, form: str) -> torch.Tensor:
+    """y in float64 as the e4m3 forms represent it, unscaled: one term, or hi + mid / 16."""
+    hi = e4m3(y)
+    if form == "e4m3":
+        return hi
+    if form == "2-term":
+        return hi + e4m3(16.0 * (y - hi)) / 16.0
+    raise ValueError(form)
+
+
 def narrow(x: torch.Tensor, form: str, dim: int = -1) -> torch.Tensor:
     """x in float64, narrowed to `form`, scaled per row along `dim` by a power of two so the row's
     largest magnitude lands in [2^7, 2^8) (and scaled back)."""
     if form == "bf16":
         return x.to(torch.bfloat16).double()
     amax = x.abs().amax(dim=dim, keepdim=True).clamp_min(1e-30)
-    e = torch.floor(torch.log2(amax))
-    f = torch.exp2(7.0 - e)  # largest |x f| in [2^7, 2^8)
-    y = x * f
-    hi = e4m3(y)
-    if form == "e4m3":
-        return hi / f
-    if form == "2-term":
-        mid = e4m3(16.0 * (y - hi))
-        return (hi + mid / 16.0) / f
-    raise ValueError(form)
+    f = torch.exp2(7.0 - torch.floor(torch.log2(amax)))  # largest |x f| in [2^7, 2^8)
+    return terms(x * f, form) / f
 
 
 def narrow_p(p: torch.Tensor, form: str) -> torch.Tensor:
+    """P narrowed to `form` without a scale (P <= 2^8 fits e4m3)."""
     if form == "bf16":
         return p.to(torch.bfloat16).double()
-    hi = e4m3(p)
-    if form == "e4m3":
-        return hi
-    mid = e4m3(16.0 * (p - hi))
-    return hi + mid / 16.0
+    return terms(p, form)
 
 
 def run(heads: int, kv: int, q_scale: float, batch: int, seed: int = 0):
