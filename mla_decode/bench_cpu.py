@@ -75,16 +75,22 @@ def load_average() -> str:
         return "n/a"
 
 
-def _times_ms(fn, min_reps: int = 3, min_time: float = 0.3, max_reps: int = 50):
-    """(median, min) of repeated calls in ms, after one warm-up call (first touch of outputs and
-    scratch, the AMX self-test)."""
-    fn()
+def _call_times(fn, min_reps: int, min_time: float, max_reps: int) -> list:
+    """Seconds of each of at least min_reps calls, until min_time has passed (at most max_reps)."""
     times = []
     t_end = time.perf_counter() + min_time
     while len(times) < min_reps or (time.perf_counter() < t_end and len(times) < max_reps):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
+    return times
+
+
+def _times_ms(fn, min_reps: int = 3, min_time: float = 0.3, max_reps: int = 50):
+    """(median, min) of repeated calls in ms, after one warm-up call (first touch of outputs and
+    scratch, the AMX self-test)."""
+    fn()
+    times = _call_times(fn, min_reps, min_time, max_reps)
     return statistics.median(times) * 1e3, min(times) * 1e3
 
 
@@ -99,12 +105,7 @@ def _interleaved_ms(fns, rounds: int = 3, min_time: float = 0.3, max_reps: int =
     per_round = [[] for _ in fns]
     for _ in range(rounds):
         for i, fn in enumerate(fns):
-            times = []
-            t_end = time.perf_counter() + min_time / rounds
-            while not times or (time.perf_counter() < t_end and len(times) < max_reps):
-                t0 = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t0)
+            times = _call_times(fn, 1, min_time / rounds, max_reps)
             samples[i].extend(times)
             per_round[i].append(statistics.median(times) * 1e3)
     return [(statistics.median(t) * 1e3, min(t) * 1e3, r) for t, r in zip(samples, per_round)]
