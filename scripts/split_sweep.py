@@ -1,7 +1,23 @@
-"""Competition-protocol time of the decode operator for forced split counts
-(num_splits argument), to tune the plan (csrc/plan).
-Usage: python scripts/split_sweep.py [fmt ...] [--shapes B:KV,B:KV,...] [--heads H]"""
-import sys
+"""Time of the decode operator for forced split counts (the num_splits argument), to tune the
+plan (csrc/plan).
+
+Two methods:
+  default   the competition protocol (L2 flushed before each timed call, the whole call timed;
+            mean of the middle 16 of 20 calls);
+  --graph   the H = 128 sweep's method (mla_decode.bench): the calls captured in a CUDA graph
+            rotating over input copies worth 3x L2, replayed in short windows (--window-ms of GPU
+            work) after idle gaps, median of --windows windows. The split counts of one shape run
+            interleaved window by window, so a change of the GPU's state reaches all of them;
+            with --peer, FlashMLA's dense decode (bf16, when `import flash_mla` works) runs in the
+            same rotation as a reference.
+
+Usage: python scripts/split_sweep.py [fmt ...] [--shapes B:KV,B:KV,...] [--heads H]
+           [--splits 0,2,4,...] [--graph [--windows N] [--window-ms MS] [--gap-s S] [--peer]]
+Split 0 is the plan's own choice. Prints one line per format and shape: splits:time (us)."""
+import argparse
+import math
+import statistics
+import time
 
 import torch
 
@@ -9,33 +25,114 @@ import mla_decode  # noqa: F401
 from mla_decode.inputs import generate_input
 from mla_decode.timing import L2Flusher, time_protocol
 
-args = sys.argv[1:]
-shape_arg = None
-heads = 16
-if "--heads" in args:
-    i = args.index("--heads")
-    heads = int(args[i + 1])
-    del args[i:i + 2]
-if "--shapes" in args:
-    i = args.index("--shapes")
-    shape_arg = args[i + 1]
-    del args[i:i + 2]
-fmts = args or ["bf16", "fp8"]
-dev = torch.device("cuda")
-flusher = L2Flusher(dev)
-shapes = [(4, 1024), (4, 8192), (32, 1024), (64, 1024), (32, 8192), (256, 1024)]
-if shape_arg:
-    shapes = [tuple(int(x) for x in sh.split(":")) for sh in shape_arg.split(",")]
-for fmt in fmts:
-    for b, kv in shapes:
-        q, kvd, qo, kvp, cfg = generate_input(b, 1, kv, seed=3, device="cuda", num_heads=heads)
-        cache, scale = (kvd["bf16"], None) if fmt == "bf16" else kvd[fmt]
-        res = []
-        for ns in [0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]:
+DEFAULT_SPLITS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("formats", nargs="*", default=["bf16", "fp8"])
+    ap.add_argument("--shapes", default="4:1024,4:8192,32:1024,64:1024,32:8192,256:1024",
+                    help="comma list of B:KV")
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--splits", default=",".join(map(str, DEFAULT_SPLITS)), help="comma list; 0 = the plan's")
+    ap.add_argument("--graph", action="store_true", help="CUDA-graph windows (the H = 128 sweep's method)")
+    ap.add_argument("--windows", type=int, default=7)
+    ap.add_argument("--window-ms", type=float, default=15.0)
+    ap.add_argument("--gap-s", type=float, default=0.1)
+    ap.add_argument("--peer", action="store_true", help="with --graph: FlashMLA (bf16) in the same rotation")
+    ap.add_argument("--kernels", default="", help="with --graph: comma list of kernels to force (plan spelling, e.g. "
+                    "wide,mma_sync), each with every split count; default the plan's choice")
+    args = ap.parse_args(argv)
+    args.shapes = [tuple(int(x) for x in sh.split(":")) for sh in args.shapes.split(",")]
+    args.splits = [int(s) for s in args.splits.split(",")]
+    return args
+
+
+def cache_of(kvd, fmt):
+    return (kvd["bf16"], None) if fmt == "bf16" else kvd[fmt]
+
+
+def protocol_line(fmt, b, kv, heads, splits, flusher, dev):
+    q, kvd, qo, kvp, cfg = generate_input(b, 1, kv, seed=3, device="cuda", num_heads=heads)
+    cache, scale = cache_of(kvd, fmt)
+    res = []
+    for ns in splits:
+        if ns * 32 > kv:
+            continue
+        call = lambda ns=ns: torch.ops.mla_decode.decode(q, cache, scale, qo, kvp, None, None, None, 1,
+                                                         cfg["sm_scale"], ns)
+        ts = sorted(time_protocol(lambda i: call(), 20, 3, flusher, dev))
+        res.append(f"{ns}:{sum(ts[2:-2]) / len(ts[2:-2]):.1f}")
+    return " ".join(res)
+
+
+def graph_line(fmt, b, kv, heads, args, peer):
+    from mla_decode.bench.providers import FlashMLAPeer  # noqa: F401 (peer given by main)
+    from mla_decode.bench.timers import WindowTimer
+    dev = torch.device("cuda")
+    q, kvd, qo, kvp, cfg = generate_input(b, 1, kv, seed=3, device="cuda", num_heads=heads)
+    cache, scale = cache_of(kvd, fmt)
+    l2 = torch.cuda.get_device_properties(dev).L2_cache_size
+    set_bytes = cache.numel() * cache.element_size() + q.numel() * q.element_size()
+    copies = max(1, min(256, math.ceil(3 * l2 / set_bytes)))
+    sets = [(q, cache, scale)] + [(q.clone(), cache.clone(), None if scale is None else scale.clone())
+                                  for _ in range(copies - 1)]
+    sm = float(cfg["sm_scale"])
+    timers = {}
+    kernels = [k for k in args.kernels.split(",") if k] or [None]
+    for kernel in kernels:
+        for ns in args.splits:
             if ns * 32 > kv:
                 continue
-            call = lambda: torch.ops.mla_decode.decode(q, cache, scale, qo, kvp, None, None, None, 1, cfg["sm_scale"], ns)
-            ts = time_protocol(lambda i: call(), 20, 3, flusher, dev)
-            ts.sort()
-            res.append(f"{ns}:{sum(ts[2:-2]) / len(ts[2:-2]):.1f}")
-        print(fmt, b, kv, f"H={heads}", " ".join(res), flush=True)
+            ov = None if kernel is None else {"kernel": kernel}
+            calls = [(lambda qq=qq, kk=kk, ss=ss, ns=ns, ov=ov: mla_decode.decode(
+                qq, kk, qo, kv_scale=ss, kv_indptr=kvp, sm_scale=sm, num_splits=ns, _overrides=ov)) for qq, kk, ss in sets]
+            label = str(ns) if kernel is None else f"{kernel}/{ns}"
+            try:
+                timers[label] = WindowTimer(calls, dev, 16)
+            except RuntimeError as exc:  # a forced kernel that cannot run the call
+                print(f"  {label}: {str(exc).splitlines()[0][:160]}")
+    if peer is not None and fmt == "bf16":
+        states = peer.prepare([(qq, kk) for qq, kk, _ in sets], qo, kvp, cfg)
+        timers["flash_mla"] = WindowTimer([(lambda st=st: peer.call(st)) for st in states], dev, 16)
+    for t in timers.values():
+        t.calibrate(args.window_ms / 1000)
+    times = {k: [] for k in timers}
+    for _ in range(args.windows):
+        for k, t in timers.items():
+            time.sleep(args.gap_s)
+            times[k].append(t.window()[0])
+    for t in timers.values():
+        t.close()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    best = min((v, k) for k, v in med.items() if k != "flash_mla")
+    line = " ".join(f"{k}:{v:.2f}" for k, v in med.items())
+    note = f"  best {best[1]} ({best[0]:.2f})"
+    if "flash_mla" in med:
+        note += f", best/flash_mla {best[0] / med['flash_mla']:.3f}"
+        if "0" in med:
+            note += f", plan/flash_mla {med['0'] / med['flash_mla']:.3f}"
+    return line + note
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    dev = torch.device("cuda")
+    peer = None
+    if args.graph and args.peer:
+        from mla_decode.bench.providers import FlashMLAPeer
+        peer = FlashMLAPeer()
+        peer.probe(dev)
+        if not peer.available:
+            print(f"flash_mla: {peer.reason}")
+            peer = None
+    flusher = None if args.graph else L2Flusher(dev)
+    for fmt in args.formats:
+        for b, kv in args.shapes:
+            line = (graph_line(fmt, b, kv, args.heads, args, peer) if args.graph
+                    else protocol_line(fmt, b, kv, args.heads, args.splits, flusher, dev))
+            print(fmt, b, kv, f"H={args.heads}", "graph" if args.graph else "protocol", line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
