@@ -190,9 +190,13 @@ def default_root() -> Path:
 
 
 def collect_sources(root: Path) -> dict:
-    """Relative path -> text of every C++/CUDA source and header under root/csrc/."""
+    """Relative path -> text of every C++/CUDA source and header under root/csrc/ that the operator
+    is built from: not the stand-alone tool programs (csrc/**/tools/, each with its own main(),
+    which the submission's build would link into one library: two definitions of main)."""
     out = {}
     for path in sorted((root / "csrc").rglob("*")):
+        if "tools" in path.relative_to(root / "csrc").parts[:-1]:
+            continue
         if path.is_file() and path.suffix in _SOURCE_SUFFIXES:
             out[path.relative_to(root).as_posix()] = path.read_text()
     if not out:

@@ -26,6 +26,7 @@ RUNNER = textwrap.dedent("""
     print("WARNINGS", len(rec), [str(w.message) for w in rec])
     print("SAME", torch.equal(out, out2))
     print("NATIVE_LOADED", "mla_decode" in sys.modules)
+    print("NATIVE_BUILT", submission._NATIVE, submission._NATIVE_ERROR)
 """)
 
 
@@ -83,6 +84,8 @@ def test_submission_default_format_matches_the_package(tmp_path):
     assert f"MLA_DECODE_FORMAT\", {DEFAULT_FORMAT!r}" in (tmp_path / "submission.py").read_text()
     q, kv, qo, kvp, cfg = data
     if torch.cuda.is_available():
+        # A failed build falls back to PyTorch on the bf16 cache (with a warning): not this case.
+        assert "NATIVE_BUILT True" in res.stdout, res.stdout[-3000:]
         cache, scale = (kv["bf16"], None) if DEFAULT_FORMAT == "bf16" else kv[DEFAULT_FORMAT]
     else:
         cache, scale = kv["bf16"], None
@@ -119,3 +122,20 @@ def test_bad_root_is_named(tmp_path, capsys):
     with pytest.raises(SystemExit):
         write_submission(["-o", str(tmp_path / "s.py"), "--root", str(tmp_path)])
     assert "expected a folder holding csrc/" in capsys.readouterr().err
+
+
+def test_embedded_sources_are_the_operators_own():
+    """The file's build compiles every embedded .cpp / .cu into one library, so the stand-alone tool
+    programs (csrc/**/tools/, each with a main()) must not be embedded (two mains broke the build on
+    GPU machines, where the file then fell back to PyTorch), and every translation unit of the
+    package's own CPU build must be."""
+    from pathlib import Path
+
+    from mla_decode.submission import collect_sources
+    root = Path(__file__).resolve().parent.parent
+    sources = collect_sources(root)
+    units = {rel: text for rel, text in sources.items() if rel.endswith((".cpp", ".cu"))}
+    assert not [rel for rel in units if "/tools/" in rel]
+    assert not [rel for rel, text in units.items() if "int main(" in text]
+    package_cpu = {p.relative_to(root).as_posix() for d in ("api", "plan", "cpu") for p in (root / "csrc" / d).glob("*.cpp")}
+    assert package_cpu <= set(units), sorted(package_cpu - set(units))
