@@ -18,9 +18,11 @@ n = 0
 ran = {}
 for fmt in sys.argv[1:] or FORMATS:
     for layout in LAYOUTS:
-        # (64, 1, 1): one CTA walks 5 key tiles of 64, so the Hopper kernels' rings wrap.
+        # (64, 1, 1): one CTA walks 5 key tiles of 64, so the Hopper kernels' rings wrap;
+        # (16, 1, 12): the combine's variant for 9 to 16 splits.
         for heads, q_len, splits, lengths in ((16, 1, 0, [70, 0, 33]), (128, 2, 3, [70, 0, 33]),
-                                              (64, 1, 1, [300, 0, 33]), (16, 1, 1, [300, 0, 33])):
+                                              (64, 1, 1, [300, 0, 33]), (16, 1, 1, [300, 0, 33]),
+                                              (16, 1, 12, [1000, 0, 33])):
             case = make_case(fmt, layout, heads, q_len, lengths, seed=n, device=torch.device("cuda"))
             for ov in kernel_variants(case):
                 out, lse = run_case(case, splits, ov)

@@ -35,7 +35,7 @@ def test_large_logits(fmt):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 64])
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 12, 16, 64])  # 12, 16: the combine's 9-16 split variant
 def test_forced_splits(fmt, num_splits):
     case = make_case(fmt, "indptr", 16, 1, [1000, 5, 0, 64], seed=num_splits, device=DEV)
     check_every_kernel(case, num_splits)

@@ -72,9 +72,11 @@ bool one_of(KvFormat f, KvFormat a, KvFormat b, KvFormat c) { return f == a || f
 //   ctas_per_sm:   CTAs of the split kernel that fit on an SM;
 //   tile_tokens:   the split granularity (keys);
 //   one_wave_rule: the mma.sync kernel may take the one-CTA-per-SM wave below;
-//   rows_per_cta:  heads per CTA.
+//   rows_per_cta:  heads per CTA;
+//   whole_sm:      the Hopper kernels, whose CTA takes a whole SM: the wave
+//                  is rounded down (never more CTAs than SMs).
 Plan split_count(const MlaDecodeParams& p, const DeviceFacts& d, int requested_splits, int ctas_per_sm,
-                 int tile_tokens, bool one_wave_rule, int rows_per_cta) {
+                 int tile_tokens, bool one_wave_rule, int rows_per_cta, bool whole_sm = false) {
   Plan plan;
   plan.head_groups = (p.num_heads + rows_per_cta - 1) / rows_per_cta;
   if (requested_splits > 0) {
@@ -85,8 +87,14 @@ Plan split_count(const MlaDecodeParams& p, const DeviceFacts& d, int requested_s
   if (tiles == 0) return plan;
   const int64_t max_tiles = std::max<int64_t>(1, estimated_kv_len(p) / tile_tokens);
   // Splits that fill `slots` CTA slots with the nearest whole wave, and leave
-  // each split at least one tile.
-  auto one_wave_of = [&](int64_t slots) { return std::min<int64_t>((slots + tiles / 2) / tiles, max_tiles); };
+  // each split at least one tile. A kernel whose CTA takes a whole SM rounds
+  // down instead: a CTA past the SM count waits for a whole split of the first
+  // wave (the nearest wave put 136 CTAs on 132 SMs at 4 x 8192, H = 128, the
+  // 17th split of each row empty only because of the tile rounding).
+  auto one_wave_of = [&](int64_t slots) {
+    const int64_t round = whole_sm ? 0 : tiles / 2;
+    return std::min<int64_t>((slots + round) / tiles, max_tiles);
+  };
   int64_t splits = one_wave_of(static_cast<int64_t>(d.num_sms) * ctas_per_sm);
   // mma.sync, one head group: when two CTAs per SM leave a split few tiles,
   // their per-CTA fixed costs outweigh the second CTA (tuning.h).
@@ -133,7 +141,7 @@ bool stream_hint_pays_off(const MlaDecodeParams& p, const DeviceFacts& d) {
 
 // The plan of each kernel, once the kernel is chosen.
 Plan wide_plan(const MlaDecodeParams& p, const DeviceFacts& d, int requested_splits) {
-  Plan plan = split_count(p, d, requested_splits, 1, kHopperMinTilesPerSplit * kHopperTileTokens, false, kWideRows);
+  Plan plan = split_count(p, d, requested_splits, 1, kHopperMinTilesPerSplit * kHopperTileTokens, false, kWideRows, true);
   plan.kernel = Kernel::kWide;
   plan.smem_bytes = kWideSmemBytes;
   // bf16 tiles by TMA where the rows allow it: one thread issues a tile's nine
@@ -145,7 +153,7 @@ Plan wide_plan(const MlaDecodeParams& p, const DeviceFacts& d, int requested_spl
 
 Plan narrow_plan(const MlaDecodeParams& p, const DeviceFacts& d, int requested_splits, Kernel kernel, bool stream) {
   Plan plan =
-      split_count(p, d, requested_splits, 1, kHopperMinTilesPerSplit * kHopperTileTokens, false, kNarrowRows);
+      split_count(p, d, requested_splits, 1, kHopperMinTilesPerSplit * kHopperTileTokens, false, kNarrowRows, true);
   plan.kernel = kernel;
   plan.stream_kv = stream;
   plan.tma_tiles = kernel == Kernel::kNarrowRegisterV || p.format == KvFormat::kBf16;

@@ -76,10 +76,12 @@ cudaError_t launch_decode(const MlaDecodeParams& p, const plan::Plan& plan, void
   }
   if (err != cudaSuccess || plan.num_splits == 1) return err;
   // See combine_kernel for the two variants.
-  const bool many_splits = plan.num_splits > kFewSplitsChunk;
-  const int rows_per_block = many_splits ? kManySplitsRows : kFewSplitsRows;
-  auto* const combine = many_splits ? combine_kernel<kManySplitsChunk, kManySplitsRows>
-                                    : combine_kernel<kFewSplitsChunk, kFewSplitsRows>;
+  const bool few_splits = plan.num_splits <= kFewSplitsChunk;
+  const bool mid_splits = !few_splits && plan.num_splits <= kMidSplitsChunk;
+  const int rows_per_block = few_splits ? kFewSplitsRows : mid_splits ? kMidSplitsRows : kManySplitsRows;
+  auto* const combine = few_splits   ? combine_kernel<kFewSplitsChunk, kFewSplitsRows>
+                        : mid_splits ? combine_kernel<kMidSplitsChunk, kMidSplitsRows>
+                                     : combine_kernel<kManySplitsChunk, kManySplitsRows>;
   const unsigned blocks = static_cast<unsigned>(
       (static_cast<int64_t>(p.total_q) * p.num_heads + rows_per_block - 1) / rows_per_block);
   const unsigned threads = static_cast<unsigned>(kCombineRowThreads * rows_per_block);
