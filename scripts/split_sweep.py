@@ -2,8 +2,9 @@
 plan (csrc/plan).
 
 Two methods:
-  default   the competition protocol (L2 flushed before each timed call, the whole call timed;
-            mean of the middle 16 of 20 calls);
+  default   the competition protocol (L2 flushed before each timed call, the whole call timed),
+            the split counts of one shape interleaved call by call (mla_decode.timing.time_rounds),
+            --calls rounds; the mean of each count's calls without its two fastest and two slowest;
   --graph   the H = 128 sweep's method (mla_decode.bench): the calls captured in a CUDA graph
             rotating over input copies worth 3x L2, replayed in short windows (--window-ms of GPU
             work) after idle gaps, median of --windows windows. The split counts of one shape run
@@ -12,7 +13,8 @@ Two methods:
             same rotation as a reference.
 
 Usage: python scripts/split_sweep.py [fmt ...] [--shapes B:KV,B:KV,...] [--heads H]
-           [--splits 0,2,4,...] [--graph [--windows N] [--window-ms MS] [--gap-s S] [--peer]]
+           [--splits 0,2,4,...] [--calls N] [--graph [--windows N] [--window-ms MS] [--gap-s S] [--peer]
+           [--kernels K,...]]
 Split 0 is the plan's own choice. Prints one line per format and shape: splits:time (us)."""
 import argparse
 import math
@@ -23,7 +25,7 @@ import torch
 
 import mla_decode  # noqa: F401
 from mla_decode.inputs import generate_input
-from mla_decode.timing import L2Flusher, time_protocol
+from mla_decode.timing import L2Flusher, time_rounds
 
 DEFAULT_SPLITS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
@@ -36,6 +38,7 @@ def parse_args(argv=None):
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--splits", default=",".join(map(str, DEFAULT_SPLITS)), help="comma list; 0 = the plan's")
     ap.add_argument("--graph", action="store_true", help="CUDA-graph windows (the H = 128 sweep's method)")
+    ap.add_argument("--calls", type=int, default=20, help="protocol: timed rounds (default 20)")
     ap.add_argument("--windows", type=int, default=7)
     ap.add_argument("--window-ms", type=float, default=15.0)
     ap.add_argument("--gap-s", type=float, default=0.1)
@@ -52,17 +55,18 @@ def cache_of(kvd, fmt):
     return (kvd["bf16"], None) if fmt == "bf16" else kvd[fmt]
 
 
-def protocol_line(fmt, b, kv, heads, splits, flusher, dev):
-    q, kvd, qo, kvp, cfg = generate_input(b, 1, kv, seed=3, device="cuda", num_heads=heads)
+def protocol_line(fmt, b, kv, heads, splits, calls, flusher, dev):
+    q, kvd, qo, kvp, cfg = generate_input(b, 1, kv, seed=3, device=dev, num_heads=heads)
     cache, scale = cache_of(kvd, fmt)
+    fns = {ns: (lambda i, ns=ns: torch.ops.mla_decode.decode(q, cache, scale, qo, kvp, None, None, None, 1,
+                                                             cfg["sm_scale"], ns))
+           for ns in splits if ns * 32 <= kv}
+    times = time_rounds(fns, calls, 3, flusher, dev)
     res = []
-    for ns in splits:
-        if ns * 32 > kv:
-            continue
-        call = lambda ns=ns: torch.ops.mla_decode.decode(q, cache, scale, qo, kvp, None, None, None, 1,
-                                                         cfg["sm_scale"], ns)
-        ts = sorted(time_protocol(lambda i: call(), 20, 3, flusher, dev))
-        res.append(f"{ns}:{sum(ts[2:-2]) / len(ts[2:-2]):.1f}")
+    for ns, ts in times.items():
+        ts = sorted(ts)
+        kept = ts[2:-2] if len(ts) > 4 else ts
+        res.append(f"{ns}:{sum(kept) / len(kept):.1f}")
     return " ".join(res)
 
 
@@ -117,7 +121,8 @@ def graph_line(fmt, b, kv, heads, args, peer):
 
 def main(argv=None):
     args = parse_args(argv)
-    dev = torch.device("cuda")
+    # The protocol runs on the CPU too (no flush there), which is how the script is tested.
+    dev = torch.device("cuda" if torch.cuda.is_available() or args.graph else "cpu")
     peer = None
     if args.graph and args.peer:
         from mla_decode.bench.providers import FlashMLAPeer
@@ -130,7 +135,7 @@ def main(argv=None):
     for fmt in args.formats:
         for b, kv in args.shapes:
             line = (graph_line(fmt, b, kv, args.heads, args, peer) if args.graph
-                    else protocol_line(fmt, b, kv, args.heads, args.splits, flusher, dev))
+                    else protocol_line(fmt, b, kv, args.heads, args.splits, args.calls, flusher, dev))
             print(fmt, b, kv, f"H={args.heads}", "graph" if args.graph else "protocol", line, flush=True)
 
 
