@@ -212,3 +212,21 @@ def test_plan_table_driver_builds_and_agrees_with_explain(tmp_path):
     p = plan_of(32, 8192, "fp8")
     assert line.split(": ", 1)[1] == (f"{p.kernel} groups {p.head_groups} splits {p.splits} stages {p.stages} "
                                       f"smem {p.smem_bytes}" + (" stream" if p.stream_kv else ""))
+
+
+def test_hopper_kernels_never_plan_more_ctas_than_sms():
+    """A wide or narrow CTA takes a whole SM, so a planned split count never puts more CTAs than
+    SMs on the device (a CTA past the SM count would wait for a whole split of the first wave);
+    only a call with more (token, head group) rows than SMs, at one split, has more."""
+    seen = set()
+    for fmt in ("bf16", "fp8", "mxfp4"):
+        for heads in (16, 32, 64, 128):
+            for batch in (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 33, 64):
+                for kv in (1024, 8192, 32768):
+                    p = plan_of(batch, kv, fmt, heads=heads)
+                    if p.kernel not in ("wide", "narrow", "narrow_register_v"):
+                        continue
+                    seen.add(p.kernel)
+                    ctas = batch * p.head_groups * p.splits
+                    assert ctas <= 132 or p.splits == 1, (fmt, heads, batch, kv, str(p))
+    assert seen == {"wide", "narrow", "narrow_register_v"}
