@@ -19,7 +19,8 @@ interleaved rounds (plain, then each implementation, three times; at least one c
 0.3 s per implementation in all, 0.1 s with --quick), so that a change of a shared machine's load
 during a shape reaches both sides of a ratio. Every time is the median of all its calls (the CSV
 also has the minimum, which is what a shared machine's scheduler leaves least disturbed); the
-speedup over plain is the median of the three rounds' paired ratios. The table goes to stdout,
+speedup over plain is the median of the three rounds' paired ratios, shown beside the ratio of the
+two minima ("min/min"). The table goes to stdout,
 rows to ``cpu_bench.csv`` and, where matplotlib imports, a plot to ``cpu_bench.png`` in the output
 folder. The header names the CPU, its vector flags, torch's threads and the load average.
 """
@@ -190,7 +191,8 @@ def run_cpu_benchmark(out_dir: str | None = None, threads=(1, 2), quick: bool = 
               f"torch {torch.__version__}; mla_decode {mla_decode.__version__}; auto path: {auto_kernel}; "
               f"paths run: {', '.join(paths)}; load average at start: {load_average()}",
               f"timing: {rounds} interleaved rounds per shape (plain, then each implementation); ms the median "
-              f"of all calls, 'vs plain' the median of the rounds' paired ratios"]
+              f"of all calls, 'vs plain' the median of the rounds' paired ratios, 'min/min' plain's fastest "
+              f"call over the implementation's (what a shared machine's load disturbs least)"]
     rows = []
     gen = torch.Generator().manual_seed(0)
     csv_file = None
@@ -279,14 +281,14 @@ def run_cpu_benchmark(out_dir: str | None = None, threads=(1, 2), quick: bool = 
 
 def _table_header() -> str:
     return (f"{'H':>4} {'B':>3} {'kv':>5} {'format':>6} {'thr':>3} {'impl':>10} {'kernel':>11} {'ms':>9} "
-            f"{'GB/s':>7} {'%floor':>7} {'floor ms':>9} {'vs plain':>8}")
+            f"{'GB/s':>7} {'%floor':>7} {'floor ms':>9} {'vs plain':>8} {'min/min':>8}")
 
 
 def _table_row(r: dict) -> str:
     kernel = r["kernel"] if r["impl"] != "plain" else "torch"
     return (f"{r['H']:>4} {r['B']:>3} {r['kv']:>5} {r['format']:>6} {r['threads']:>3} {r['impl']:>10} "
             f"{kernel:>11} {r['ms']:>9.3f} {r['gbps']:>7.1f} {r['pct_floor']:>6.1f}% {r['floor_ms']:>9.3f} "
-            f"{r['speedup']:>7.2f}x")
+            f"{r['speedup']:>7.2f}x {r['speedup_min']:>7.2f}x")
 
 
 def _plot(rows: list, header: list, path: str):
