@@ -12,7 +12,7 @@ namespace cuda {
 namespace {
 
 constexpr int kCombineRowThreads = kHeadDimV / 4;  // 128: thread t owns dims 4t..4t+3 of a row
-// The two variants of combine_kernel: splits per L2 round trip, rows per block.
+// The three variants of combine_kernel: splits per L2 round trip, rows per block.
 constexpr int kFewSplitsChunk = 8, kFewSplitsRows = 2;
 constexpr int kMidSplitsChunk = 16, kMidSplitsRows = 1;
 constexpr int kManySplitsChunk = 32, kManySplitsRows = 1;
@@ -32,10 +32,10 @@ constexpr int kManySplitsChunk = 32, kManySplitsRows = 1;
 // running (max, sum, acc) as in the online softmax. The launcher picks
 //   kChunk 8, kRows 2 (64 registers, four blocks per SM) for plans of up to 8
 //     splits, which have many rows;
-//   kChunk 16, kRows 1 (~100 registers, four blocks per SM) for 9 to 16
+//   kChunk 16, kRows 1 (123 registers, four blocks per SM) for 9 to 16
 //     splits: one round trip, and the 512 rows of 4 tokens x 128 heads in one
-//     wave of blocks (at ~190 registers two blocks fit an SM: two waves);
-//   kChunk 32, kRows 1 (~190 registers) for more splits, which have few rows:
+//     wave of blocks (at 194 registers two blocks fit an SM: two waves);
+//   kChunk 32, kRows 1 (194 registers) for more splits, which have few rows:
 //     one round trip where chunks of 8 take four (measured faster at 32
 //     splits, docs/performance.md), and one row per block so the rows' 64 KB
 //     of partials are read by as many SMs as there are rows.

@@ -75,7 +75,7 @@ cudaError_t launch_decode(const MlaDecodeParams& p, const plan::Plan& plan, void
     default: return cudaErrorInvalidValue;
   }
   if (err != cudaSuccess || plan.num_splits == 1) return err;
-  // See combine_kernel for the two variants.
+  // See combine_kernel for the three variants.
   const bool few_splits = plan.num_splits <= kFewSplitsChunk;
   const bool mid_splits = !few_splits && plan.num_splits <= kMidSplitsChunk;
   const int rows_per_block = few_splits ? kFewSplitsRows : mid_splits ? kMidSplitsRows : kManySplitsRows;
