@@ -903,7 +903,12 @@ int main() {
     c.kv_lens = {2000}; c.splits = 1; c.seed = 16; add(c);
   }
 
-  // More than 8 splits: the combine's many-split variant (chunks of 32, one row per block).
+  // More than 8 splits: the combine's variants for 9-16 splits (chunks of 16) and for more
+  // (chunks of 32), one row per block.
+  {
+    Case c; c.name = "mxfp4 ragged 900/5/0/130, 12 splits (9-16 variant)"; c.fmt = F::kMxfp4;
+    c.q_lens = {1, 1, 1, 1}; c.kv_lens = {900, 5, 0, 130}; c.splits = 12; c.seed = 40; add(c);
+  }
   {
     Case c; c.name = "bf16 ragged 1200/5/0/260, 40 splits (two chunks)"; c.q_lens = {1, 1, 1, 1};
     c.kv_lens = {1200, 5, 0, 260}; c.splits = 40; c.seed = 17; add(c);
