@@ -24,6 +24,7 @@ import time
 import torch
 
 import mla_decode  # noqa: F401
+from mla_decode.bench.providers import cache_of
 from mla_decode.inputs import generate_input
 from mla_decode.timing import L2Flusher, time_rounds
 
@@ -51,10 +52,6 @@ def parse_args(argv=None):
     return args
 
 
-def cache_of(kvd, fmt):
-    return (kvd["bf16"], None) if fmt == "bf16" else kvd[fmt]
-
-
 def protocol_line(fmt, b, kv, heads, splits, calls, flusher, dev):
     q, kvd, qo, kvp, cfg = generate_input(b, 1, kv, seed=3, device=dev, num_heads=heads)
     cache, scale = cache_of(kvd, fmt)
@@ -71,10 +68,9 @@ def protocol_line(fmt, b, kv, heads, splits, calls, flusher, dev):
 
 
 def graph_line(fmt, b, kv, heads, args, peer):
-    from mla_decode.bench.providers import FlashMLAPeer  # noqa: F401 (peer given by main)
     from mla_decode.bench.timers import WindowTimer
     dev = torch.device("cuda")
-    q, kvd, qo, kvp, cfg = generate_input(b, 1, kv, seed=3, device="cuda", num_heads=heads)
+    q, kvd, qo, kvp, cfg = generate_input(b, 1, kv, seed=3, device=dev, num_heads=heads)
     cache, scale = cache_of(kvd, fmt)
     l2 = torch.cuda.get_device_properties(dev).L2_cache_size
     set_bytes = cache.numel() * cache.element_size() + q.numel() * q.element_size()
