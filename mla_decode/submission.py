@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import sys
 from pathlib import Path
 
@@ -41,6 +40,7 @@ own check, embedded below; mla_decode itself is never imported).
 import hashlib
 import math
 import os
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -82,8 +82,9 @@ def _build():
         return False
     try:
         from torch.utils import cpp_extension
+        arch_list, arch_flags = _cuda_archs()
         key = hashlib.sha256((_SOURCES_HASH + torch.__version__ + str(torch.version.cuda) +
-                              str(torch.version.hip)).encode()).hexdigest()[:16]
+                              str(torch.version.hip) + str(arch_list)).encode()).hexdigest()[:16]
         root = Path(os.environ.get("MLA_DECODE_CACHE", Path.home() / ".cache" / "mla_decode_submission")) / key
         for rel, text in _SOURCES.items():
             path = root / rel
@@ -92,21 +93,53 @@ def _build():
                 path.write_text(text)
         sources = sorted(str(root / rel) for rel in _SOURCES if rel.endswith((".cpp", ".cu")))
         backend = "-DMLA_DECODE_WITH_HIP" if torch.version.hip else "-DMLA_DECODE_WITH_CUDA"
-        cpp_extension.load(
-            name="mla_decode_submission_" + key,
-            sources=sources,
-            extra_include_paths=[str(root / "csrc")],
-            extra_cflags=["-O3", "-std=c++17", backend],
-            extra_cuda_cflags=["-O3", "-std=c++17", "--expt-relaxed-constexpr", "--use_fast_math", backend]
-            if not torch.version.hip else ["-O3", "-std=c++17", backend],
-            build_directory=str(root),
-            is_python_module=False,
-            verbose=False,
-        )
+        saved_archs = os.environ.get("TORCH_CUDA_ARCH_LIST")
+        if arch_list is not None:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list
+        try:
+            cpp_extension.load(
+                name="mla_decode_submission_" + key,
+                sources=sources,
+                extra_include_paths=[str(root / "csrc")],
+                extra_cflags=["-O3", "-std=c++17", backend],
+                extra_cuda_cflags=["-O3", "-std=c++17", "--expt-relaxed-constexpr", "--use_fast_math", backend,
+                                   *arch_flags]
+                if not torch.version.hip else ["-O3", "-std=c++17", backend],
+                build_directory=str(root),
+                is_python_module=False,
+                verbose=False,
+            )
+        finally:
+            if arch_list is not None:
+                if saved_archs is None:
+                    os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+                else:
+                    os.environ["TORCH_CUDA_ARCH_LIST"] = saved_archs
         _NATIVE = True
     except Exception as exc:  # noqa: BLE001 - reported through _report by the caller
         _NATIVE_ERROR = "building the native operator failed: " + type(exc).__name__ + ": " + str(exc)[:500]
     return _NATIVE
+
+
+def _cuda_archs():
+    """(TORCH_CUDA_ARCH_LIST to build with, or None for the environment's; extra nvcc flags).
+    On a Hopper GPU (compute capability 9.0) with CUDA 12 or newer the Hopper kernels need
+    sm_90a code: torch's default for the device, "9.0", builds sm_90, which has only the
+    mma.sync kernel. So "9.0" (the default, or a "9.0" in TORCH_CUDA_ARCH_LIST) becomes "9.0a",
+    with -DMLA_DECODE_SM90A; other lists and other GPUs build as torch would."""
+    if torch.version.hip:
+        return None, []
+    cuda_major = int(str(torch.version.cuda or "0").split(".")[0])
+    if torch.cuda.get_device_capability() != (9, 0) or cuda_major < 12:
+        return None, []
+    archs = [a for a in re.split(r"[;\s,]+", os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()) if a]
+    if not archs:
+        return "9.0a", ["-DMLA_DECODE_SM90A"]
+    if any(a.startswith("9.0a") for a in archs):
+        return None, ["-DMLA_DECODE_SM90A"]
+    if any(a.split("+")[0] == "9.0" for a in archs):
+        return ";".join("9.0a" if a.split("+")[0] == "9.0" else a for a in archs), ["-DMLA_DECODE_SM90A"]
+    return None, []
 
 
 def _reference(q, kv_bf16, qo_indptr, kv_indptr, sm_scale):

@@ -17,7 +17,6 @@ Usage: python scripts/split_sweep.py [fmt ...] [--shapes B:KV,B:KV,...] [--heads
            [--kernels K,...]]
 Split 0 is the plan's own choice. Prints one line per format and shape: splits:time (us)."""
 import argparse
-import math
 import statistics
 import time
 
@@ -25,6 +24,7 @@ import torch
 
 import mla_decode  # noqa: F401
 from mla_decode.bench.providers import cache_of
+from mla_decode.bench.sections import rotated_sets
 from mla_decode.inputs import generate_input
 from mla_decode.timing import L2Flusher, time_rounds
 
@@ -74,9 +74,7 @@ def graph_line(fmt, b, kv, heads, args, peer):
     cache, scale = cache_of(kvd, fmt)
     l2 = torch.cuda.get_device_properties(dev).L2_cache_size
     set_bytes = cache.numel() * cache.element_size() + q.numel() * q.element_size()
-    copies = max(1, min(256, math.ceil(3 * l2 / set_bytes)))
-    sets = [(q, cache, scale)] + [(q.clone(), cache.clone(), None if scale is None else scale.clone())
-                                  for _ in range(copies - 1)]
+    sets = rotated_sets(q, cache, scale, set_bytes, l2)
     sm = float(cfg["sm_scale"])
     timers = {}
     kernels = [k for k in args.kernels.split(",") if k] or [None]

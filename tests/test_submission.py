@@ -27,6 +27,16 @@ RUNNER = textwrap.dedent("""
     print("SAME", torch.equal(out, out2))
     print("NATIVE_LOADED", "mla_decode" in sys.modules)
     print("NATIVE_BUILT", submission._NATIVE, submission._NATIVE_ERROR)
+    if submission._NATIVE and torch.cuda.is_available():
+        # The plan of a large fp8 call (empty tensors of its shapes: explain reads no values).
+        dev = torch.device("cuda")
+        q = torch.empty(256, 16, 576, dtype=torch.bfloat16, device=dev)
+        kv = torch.empty(256 * 8192, 1, 576, dtype=torch.float8_e4m3fn, device=dev)
+        scale = torch.ones(1, device=dev)
+        qo = torch.arange(257, dtype=torch.int32, device=dev)
+        kvp = torch.arange(257, dtype=torch.int32, device=dev) * 8192
+        plan = torch.ops.mla_decode.explain(q, kv, scale, qo, kvp, None, None, None, 1, 1 / 24)
+        print("PLAN", plan.replace(chr(10), " "))
 """)
 
 
@@ -86,6 +96,9 @@ def test_submission_default_format_matches_the_package(tmp_path):
     if torch.cuda.is_available():
         # A failed build falls back to PyTorch on the bf16 cache (with a warning): not this case.
         assert "NATIVE_BUILT True" in res.stdout, res.stdout[-3000:]
+        if torch.cuda.get_device_capability() == (9, 0) and torch.version.hip is None:
+            # The file's build has the Hopper kernels (sm_90a), not only mma.sync (sm_90).
+            assert "kernel=narrow_register_v" in res.stdout, res.stdout[-3000:]
         cache, scale = (kv["bf16"], None) if DEFAULT_FORMAT == "bf16" else kv[DEFAULT_FORMAT]
     else:
         cache, scale = kv["bf16"], None

@@ -203,6 +203,16 @@ class _Entry:
         self.out_fn = None      # one untimed call on the first set, for the accuracy
 
 
+def rotated_sets(q, cache, scale, set_bytes: int, l2_bytes: int, max_copies: int = 256) -> list:
+    """The sweep's input rotation: (q, cache, scale) and clones of it, ceil(3 x L2 / set_bytes)
+    sets in all (at most max_copies, at least one), so that a row cycling through them reads
+    ~3x L2 between two visits of a set and no shape sits in L2. l2_bytes 0 (not a CUDA device):
+    one set."""
+    copies = 1 if l2_bytes <= 0 else int(min(max_copies, max(1, math.ceil(3 * l2_bytes / set_bytes))))
+    return [(q, cache, scale)] + [(q.clone(), cache.clone(), None if scale is None else scale.clone())
+                                  for _ in range(copies - 1)]
+
+
 def sweep(args, ctx, rows):
     """Appends rows (so a crash keeps what was measured)."""
     device, log = ctx.device, ctx.log
@@ -210,7 +220,7 @@ def sweep(args, ctx, rows):
     section = sweep_section(args)
     shapes = sweep_shapes(device)
     l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) if device.type == "cuda" else 0
-    rotate_bytes = 3 * (l2 or 50 * 2**20)       # copies until a row's working set is ~3x L2
+    l2 = l2 or (50 * 2**20 if device.type == "cuda" else 0)  # a device that reports none: an H200's
     sustained = args.sustained or device.type != "cuda"
     window_s = args.sweep_seconds / args.windows if sustained else args.window_ms / 1000
     gap_s = 0.0 if sustained else args.gap_s
@@ -230,9 +240,7 @@ def sweep(args, ctx, rows):
         for fmt in list(args.formats) + (["bf16"] if ctx.peers and "bf16" not in args.formats else []):
             kv0, sc0 = cache_of(kv_data, fmt)
             set_bytes = b * kv * KV_BYTES_PER_TOKEN[fmt] + q_bytes
-            copies = 1 if device.type != "cuda" else int(min(args.max_copies, max(1, math.ceil(rotate_bytes / set_bytes))))
-            sets[fmt] = [(q, kv0, sc0)] + [(q.clone(), kv0.clone(), None if sc0 is None else sc0.clone())
-                                           for _ in range(copies - 1)]
+            sets[fmt] = rotated_sets(q, kv0, sc0, set_bytes, l2, args.max_copies)
         for fmt in args.formats:
             calls = [(lambda qq=qq, kk=kk, ss=ss: op_call(qq, kk, ss, qo, kvp, sm)) for qq, kk, ss in sets[fmt]]
             e = _Entry("mla_decode", fmt, calls, len(sets[fmt]))
