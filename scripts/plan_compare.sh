@@ -22,6 +22,6 @@ if cmp -s "$tmp/old.txt" "$tmp/new.txt"; then
   echo "plan_compare: identical to $rev on $(wc -l < "$tmp/new.txt") inputs"
 else
   echo "plan_compare: plans differ from $rev ($(diff "$tmp/old.txt" "$tmp/new.txt" | grep -c '^>') of $(wc -l < "$tmp/new.txt") inputs):"
-  diff "$tmp/old.txt" "$tmp/new.txt" | head -40
+  diff "$tmp/old.txt" "$tmp/new.txt" | head -${PLAN_DIFF_LINES:-40}
   exit 1
 fi

@@ -230,3 +230,23 @@ def test_hopper_kernels_never_plan_more_ctas_than_sms():
                     ctas = batch * p.head_groups * p.splits
                     assert ctas <= 132 or p.splits == 1, (fmt, heads, batch, kv, str(p))
     assert seen == {"wide", "narrow", "narrow_register_v"}
+
+
+def test_planned_splits_all_hold_keys():
+    """Split s of an item with L keys gets [s chunk, (s + 1) chunk), chunk = ceil(ceil(L / S) / T) T
+    for the kernel's tile T (kernels/common/work.cuh): the planned count S never leaves the last
+    splits empty (17 splits of 1024 keys by 32 would: chunks of 64, 16 splits with keys), on any
+    kernel or device the plan knows."""
+    tile = {"mma_sync": 32, "mfma": 32, "wide": 64, "narrow": 64, "narrow_register_v": 64}
+    seen = set()
+    for device in (DeviceFacts.h200(), DeviceFacts.a100(), DeviceFacts.mi300x()):
+        for fmt in ("bf16", "fp8", "mxfp4"):
+            for heads in (1, 16, 17, 64, 128):
+                for batch in (1, 2, 3, 4, 5, 8, 12, 33):
+                    for kv in (1024, 2048, 3000, 8192):
+                        p = plan_of(batch, kv, fmt, heads=heads, device=device)
+                        seen.add(p.kernel)
+                        t = tile[p.kernel]
+                        chunk = -(-(-(-kv // p.splits)) // t) * t
+                        assert (p.splits - 1) * chunk < kv, (device, fmt, heads, batch, kv, str(p))
+    assert {"mma_sync", "mfma", "wide", "narrow"} <= seen

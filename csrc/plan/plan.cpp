@@ -70,13 +70,15 @@ bool one_of(KvFormat f, KvFormat a, KvFormat b, KvFormat c) { return f == a || f
 
 // The split count and head groups, from shapes only.
 //   ctas_per_sm:   CTAs of the split kernel that fit on an SM;
-//   tile_tokens:   the split granularity (keys);
+//   tile_tokens:   the split granularity (keys): the fewest keys a split gets;
+//   chunk_align:   the kernel's keys per tile, to which a split's chunk is
+//                  rounded up (kernels/common/work.cuh, locate_work);
 //   one_wave_rule: the mma.sync kernel may take the one-CTA-per-SM wave below;
 //   rows_per_cta:  heads per CTA;
 //   whole_sm:      the Hopper kernels, whose CTA takes a whole SM: the wave
 //                  is rounded down (never more CTAs than SMs).
 Plan split_count(const MlaDecodeParams& p, const DeviceFacts& d, int requested_splits, int ctas_per_sm,
-                 int tile_tokens, bool one_wave_rule, int rows_per_cta, bool whole_sm = false) {
+                 int tile_tokens, int chunk_align, bool one_wave_rule, int rows_per_cta, bool whole_sm = false) {
   Plan plan;
   plan.head_groups = (p.num_heads + rows_per_cta - 1) / rows_per_cta;
   if (requested_splits > 0) {
@@ -104,7 +106,21 @@ Plan split_count(const MlaDecodeParams& p, const DeviceFacts& d, int requested_s
     splits = one_wave_of(d.num_sms);
   }
   const int64_t cap = d.vendor == Vendor::kAmd ? kMaxPlannedSplitsAmd : kMaxPlannedSplitsNvidia;
-  plan.num_splits = static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(splits, cap)));
+  splits = std::max<int64_t>(1, std::min<int64_t>(splits, cap));
+  // Only the splits that hold keys: split s gets keys [s chunk, (s + 1) chunk)
+  // with chunk = ceil(ceil(L / splits) / chunk_align) chunk_align, so the
+  // rounding may leave the last ones empty (17 splits of 1024 keys by 32:
+  // chunks of 64, 16 splits with keys). An empty split still takes a CTA and
+  // a partial for the combine, and the count can push the combine into its
+  // larger variant (measured at H = 16, 8 x 1024: 17 splits 15.1 us, 16
+  // splits 14.2, bf16).
+  const int64_t kv_len = estimated_kv_len(p);
+  if (splits > 1 && kv_len > 0) {
+    const int64_t per_split = (kv_len + splits - 1) / splits;
+    const int64_t chunk = (per_split + chunk_align - 1) / chunk_align * chunk_align;
+    splits = (kv_len + chunk - 1) / chunk;
+  }
+  plan.num_splits = static_cast<int32_t>(splits);
   return plan;
 }
 
@@ -141,7 +157,8 @@ bool stream_hint_pays_off(const MlaDecodeParams& p, const DeviceFacts& d) {
 
 // The plan of each kernel, once the kernel is chosen.
 Plan wide_plan(const MlaDecodeParams& p, const DeviceFacts& d, int requested_splits) {
-  Plan plan = split_count(p, d, requested_splits, 1, kHopperMinTilesPerSplit * kHopperTileTokens, false, kWideRows, true);
+  Plan plan = split_count(p, d, requested_splits, 1, kHopperMinTilesPerSplit * kHopperTileTokens, kHopperTileTokens,
+                          false, kWideRows, true);
   plan.kernel = Kernel::kWide;
   plan.smem_bytes = kWideSmemBytes;
   // bf16 tiles by TMA where the rows allow it: one thread issues a tile's nine
@@ -152,8 +169,8 @@ Plan wide_plan(const MlaDecodeParams& p, const DeviceFacts& d, int requested_spl
 }
 
 Plan narrow_plan(const MlaDecodeParams& p, const DeviceFacts& d, int requested_splits, Kernel kernel, bool stream) {
-  Plan plan =
-      split_count(p, d, requested_splits, 1, kHopperMinTilesPerSplit * kHopperTileTokens, false, kNarrowRows, true);
+  Plan plan = split_count(p, d, requested_splits, 1, kHopperMinTilesPerSplit * kHopperTileTokens, kHopperTileTokens,
+                          false, kNarrowRows, true);
   plan.kernel = kernel;
   plan.stream_kv = stream;
   plan.tma_tiles = kernel == Kernel::kNarrowRegisterV || p.format == KvFormat::kBf16;
@@ -182,7 +199,7 @@ Plan mma_sync_plan(const MlaDecodeParams& p, const DeviceFacts& d, int requested
   // where that ring fits.
   const bool bf16_deep_fits = p.format == KvFormat::kBf16 && fits(rings.alt_stages);
   const bool one_wave_rule = p.format == KvFormat::kFp8E4M3FN || bf16_deep_fits;
-  Plan plan = split_count(p, d, requested_splits, ctas_per_sm, kBlockN, one_wave_rule, kTileRows);
+  Plan plan = split_count(p, d, requested_splits, ctas_per_sm, kBlockN, kBlockN, one_wave_rule, kTileRows);
   // bf16 grids of at most one CTA per SM take the deeper ring: with two
   // stages and no second CTA on the SM, each tile's load latency is exposed.
   const int64_t ctas = static_cast<int64_t>(p.total_q) * plan.head_groups * plan.num_splits;
@@ -200,7 +217,7 @@ Plan mma_sync_plan(const MlaDecodeParams& p, const DeviceFacts& d, int requested
 
 Plan mfma_plan(const MlaDecodeParams& p, const DeviceFacts& d, int requested_splits) {
   // Two workgroups per CU, LDS within the 64 KB every CDNA part has.
-  Plan plan = split_count(p, d, requested_splits, 2, kBlockN, false, kTileRows);
+  Plan plan = split_count(p, d, requested_splits, 2, kBlockN, kBlockN, false, kTileRows);
   plan.kernel = Kernel::kMfma;
   return plan;
 }
