@@ -152,3 +152,36 @@ def test_embedded_sources_are_the_operators_own():
     assert not [rel for rel, text in units.items() if "int main(" in text]
     package_cpu = {p.relative_to(root).as_posix() for d in ("api", "plan", "cpu") for p in (root / "csrc" / d).glob("*.cpp")}
     assert package_cpu <= set(units), sorted(package_cpu - set(units))
+
+
+def test_hopper_builds_ask_for_sm90a(tmp_path, monkeypatch):
+    """The file's build on a compute capability 9.0 GPU: sm_90a code and -DMLA_DECODE_SM90A, whatever
+    the environment's TORCH_CUDA_ARCH_LIST says of 9.0 (torch's default for the device, "9.0",
+    builds sm_90 code, which has only the mma.sync kernel; "9.0a" without the define compiles the
+    Hopper kernels out); other GPUs and lists build as torch would. Run on the CPU with the device
+    facts patched."""
+    import importlib.util
+    target = tmp_path / "submission_archs.py"
+    write_submission(["-o", str(target)])
+    spec = importlib.util.spec_from_file_location("submission_archs", target)
+    sub = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sub)
+    monkeypatch.setattr(sub.torch.version, "hip", None)
+    monkeypatch.setattr(sub.torch.version, "cuda", "13.0")
+    cap = {"value": (9, 0)}
+    monkeypatch.setattr(sub.torch.cuda, "get_device_capability", lambda *a: cap["value"])
+    cases = {None: ("9.0a", ["-DMLA_DECODE_SM90A"]), "9.0": ("9.0a", ["-DMLA_DECODE_SM90A"]),
+             "8.0;9.0+PTX": ("8.0;9.0a", ["-DMLA_DECODE_SM90A"]), "9.0a": (None, ["-DMLA_DECODE_SM90A"]),
+             "8.0 9.0a": (None, ["-DMLA_DECODE_SM90A"]), "8.0": (None, [])}
+    for env, expected in cases.items():
+        if env is None:
+            monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+        else:
+            monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", env)
+        assert sub._cuda_archs() == expected, env
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    cap["value"] = (8, 0)
+    assert sub._cuda_archs() == (None, [])
+    cap["value"] = (9, 0)
+    monkeypatch.setattr(sub.torch.version, "cuda", "11.8")  # no sm_90a before CUDA 12
+    assert sub._cuda_archs() == (None, [])
