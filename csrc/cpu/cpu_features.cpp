@@ -32,21 +32,21 @@ CpuFeatures detect() {
   unsigned int a, b, c, d;
   if (__get_cpuid(0, &a, &b, &c, &d)) f.intel = b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu;
   if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
-  const bool osxsave = (c >> 27) & 1, fma = (c >> 12) & 1, avx = (c >> 28) & 1;
+  const bool osxsave = (c >> 27) & 1, fma = (c >> 12) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1;
   if (!osxsave || !avx) return f;
   const unsigned long long xcr0 = read_xcr0();
   const bool ymm_state = (xcr0 & 0x6) == 0x6;            // SSE + AVX
   const bool zmm_state = (xcr0 & 0xE6) == 0xE6;          // + opmask, ZMM_Hi256, Hi16_ZMM
   const bool tile_state = (xcr0 & (3ull << 17)) == (3ull << 17);  // XTILECFG + XTILEDATA
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return f;
-  const bool avx2 = (b >> 5) & 1;
+  const bool avx2 = (b >> 5) & 1, bmi2 = (b >> 8) & 1;
   const bool avx512f = (b >> 16) & 1, avx512dq = (b >> 17) & 1, avx512bw = (b >> 30) & 1,
              avx512vl = (b >> 31) & 1;
   const bool amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1;
   unsigned int a1 = 0, b1, c1, d1;
   __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1);
   const bool avx512bf16 = (a1 >> 5) & 1;
-  f.avx2_fma = ymm_state && avx2 && fma;
+  f.avx2_fma = ymm_state && avx2 && fma && f16c && bmi2;  // what the AVX2 and AVX-512 paths are compiled for
   f.avx512_f = zmm_state && avx512f && avx512dq && avx512bw && avx512vl && f.avx2_fma;
   f.avx512_bf16 = f.avx512_f && avx512bf16;
   f.amx_bf16 = f.avx512_bf16 && amx_tile && amx_bf16 && tile_state;

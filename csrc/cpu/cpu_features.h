@@ -7,7 +7,7 @@ namespace cpu {
 
 struct CpuFeatures {
   bool x86_64 = false;   // an x86-64 build (the vector paths exist at all)
-  bool avx2_fma = false;  // AVX2 + FMA, with the OS saving ymm state
+  bool avx2_fma = false;  // AVX2 + FMA (and F16C, BMI2), with the OS saving ymm state
   bool avx512_bf16 = false;  // AVX-512 F/BW/VL/DQ + BF16, with the OS saving zmm state
   bool amx_bf16 = false;  // AMX-TILE + AMX-BF16 in cpuid and the tile state in XCR0
   bool avx512_f = false;  // AVX-512 F/BW/VL/DQ (with or without BF16), with the OS saving zmm state

@@ -547,7 +547,7 @@ const char* cpu_path_unavailable(CpuPath path) {
     case CpuPath::kScalar: return nullptr;
     case CpuPath::kAvx2:
       if (!built) return "this build has no x86-64 vector paths";
-      return f.avx2_fma ? nullptr : "the CPU lacks AVX2 + FMA (or the OS does not enable the ymm state)";
+      return f.avx2_fma ? nullptr : "the CPU lacks AVX2 + FMA + F16C + BMI2 (or the OS does not enable the ymm state)";
     case CpuPath::kAvx512:
       if (!built) return "this build has no x86-64 vector paths";
       if (f.avx512_bf16) return nullptr;

@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
     if (!cpu.avx512_f) return refuse("this CPU lacks AVX-512 F/BW/VL/DQ (or the OS does not enable the zmm state)");
     piece = &cpu::piece_avx512_fp32;
   } else if (path == "avx2") {
-    if (!cpu.avx2_fma) return refuse("this CPU lacks AVX2 and FMA (or the OS does not enable the ymm state)");
+    if (!cpu.avx2_fma) return refuse("this CPU lacks AVX2, FMA, F16C and BMI2 (or the OS does not enable the ymm state)");
     piece = &cpu::piece_avx2;
   } else {
     return usage("PATH must be amx, avx512, avx512_fp32 or avx2");
