@@ -84,7 +84,7 @@ def _build():
         from torch.utils import cpp_extension
         arch_list, arch_flags = _cuda_archs()
         key = hashlib.sha256((_SOURCES_HASH + torch.__version__ + str(torch.version.cuda) +
-                              str(torch.version.hip) + str(arch_list)).encode()).hexdigest()[:16]
+                              str(torch.version.hip) + str(arch_list) + str(arch_flags)).encode()).hexdigest()[:16]
         root = Path(os.environ.get("MLA_DECODE_CACHE", Path.home() / ".cache" / "mla_decode_submission")) / key
         for rel, text in _SOURCES.items():
             path = root / rel

@@ -247,6 +247,7 @@ def test_planned_splits_all_hold_keys():
                         p = plan_of(batch, kv, fmt, heads=heads, device=device)
                         seen.add(p.kernel)
                         t = tile[p.kernel]
-                        chunk = -(-(-(-kv // p.splits)) // t) * t
+                        per_split = -(-kv // p.splits)  # ceil
+                        chunk = -(-per_split // t) * t
                         assert (p.splits - 1) * chunk < kv, (device, fmt, heads, batch, kv, str(p))
     assert {"mma_sync", "mfma", "wide", "narrow"} <= seen
