@@ -62,13 +62,13 @@ COMPETITION = {
 
 # The H = 128 sweep (DeepSeek without tensor parallelism on attention).
 SWEEP_H128 = {
-    "bf16": {(1, 1024): ("mma_sync", 32), (1, 8192): ("wide", 32), (4, 1024): ("wide", 8), (4, 8192): ("wide", 16),
+    "bf16": {(1, 1024): ("mma_sync", 16), (1, 8192): ("wide", 32), (4, 1024): ("wide", 8), (4, 8192): ("wide", 16),
              (32, 1024): ("wide", 2), (32, 8192): ("wide", 2), (64, 1024): ("wide", 1), (64, 8192): ("wide", 1),
              (256, 1024): ("wide", 1), (256, 8192): ("wide", 1)},
-    "fp8": {(1, 1024): ("mma_sync", 32), (1, 8192): ("mma_sync", 32), (4, 1024): ("mma_sync", 8),
+    "fp8": {(1, 1024): ("mma_sync", 16), (1, 8192): ("mma_sync", 32), (4, 1024): ("mma_sync", 8),
             (4, 8192): ("wide", 16), (32, 1024): ("wide", 2), (32, 8192): ("wide", 2), (64, 1024): ("wide", 1),
             (64, 8192): ("wide", 1), (256, 1024): ("wide", 1), (256, 8192): ("wide", 1)},
-    "mxfp4": {(1, 1024): ("mma_sync", 32), (1, 8192): ("wide", 32), (4, 1024): ("wide", 8), (4, 8192): ("wide", 16),
+    "mxfp4": {(1, 1024): ("mma_sync", 16), (1, 8192): ("wide", 32), (4, 1024): ("wide", 8), (4, 8192): ("wide", 16),
               (32, 1024): ("wide", 2), (32, 8192): ("wide", 2), (64, 1024): ("wide", 1), (64, 8192): ("wide", 1),
               (256, 1024): ("wide", 1), (256, 8192): ("wide", 1)},
 }
@@ -89,6 +89,28 @@ def test_h128_sweep_shapes_take_the_measured_kernels(fmt):
         assert (label(p), p.splits) == expected, (fmt, b, kv, str(p))
         assert p.head_groups == (2 if p.kernel == "wide" else 8)
         assert not p.stream_kv  # eight or two head groups: no L2 stream hint
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "mxfp4"])
+def test_many_head_groups_take_one_cta_per_sm_when_a_split_would_hold_one_tile(fmt):
+    # mma.sync, 8 head groups, 1 x 1024: two CTAs per SM would give 32 splits of one 32-key tile
+    # (256 CTAs); one per SM gives 16 splits (128 CTAs).
+    p = plan_of(1, 1024, fmt, heads=128)
+    assert (p.kernel, p.head_groups, p.splits) == ("mma_sync", 8, 16), str(p)
+    # the same rows of heads from 2 items of 64 heads, or 4 items of 32
+    assert plan_of(2, 1024, fmt, heads=64).splits == 16
+    assert plan_of(4, 1024, fmt, heads=32).splits == 16
+    # the two-per-SM wave (33 splits before the 32-split cap) would leave fewer than two tiles a split
+    # at 1 x 2048 too (fp8 there: 12.3 us with 16 splits against 13.9 with 32); at 1 x 4096 it stays
+    if fmt == "fp8":
+        assert (plan_of(1, 2048, fmt, heads=128).splits, plan_of(1, 4096, fmt, heads=128).splits) == (16, 32)
+    # 1.9 tiles a split (8 x 1024, H = 32: 17 splits before the rounding): bf16 and fp8 take one CTA per SM
+    # (8 splits), MXFP4 keeps 16 (14.3 us against 14.7 with 8)
+    assert plan_of(8, 1024, fmt, heads=32).splits == (16 if fmt == "mxfp4" else 8)
+    # one head group keeps its own rule (kOneWaveMaxTiles*), which MXFP4 does not take
+    assert plan_of(4, 1024, fmt).splits == 32
+    # two CTAs per SM only: an explicit split count is kept
+    assert plan_of(1, 1024, fmt, heads=128, num_splits=32).splits == 32
 
 
 def test_stream_hint_threshold_is_three_times_l2():

@@ -105,6 +105,16 @@ Plan split_count(const MlaDecodeParams& p, const DeviceFacts& d, int requested_s
       max_tiles / splits <= one_wave_max_tiles) {
     splits = one_wave_of(d.num_sms);
   }
+  // mma.sync, several head groups: when two CTAs per SM leave a split fewer
+  // than two tiles (MXFP4: 1.5) on average, each CTA's Q load and partial
+  // cost about as much as its tiles, and one CTA per SM is faster (tuning.h).
+  // Counted in half tiles, before the split cap and the chunk rounding.
+  const int64_t many_groups_half_tiles =
+      p.format == KvFormat::kMxfp4 ? kOneWaveManyGroupsHalfTilesMxfp4 : kOneWaveManyGroupsHalfTiles;
+  if (d.vendor == Vendor::kNvidia && ctas_per_sm > 1 && plan.head_groups > 1 && splits > 1 &&
+      2 * max_tiles < many_groups_half_tiles * splits) {
+    splits = one_wave_of(d.num_sms);
+  }
   const int64_t cap = d.vendor == Vendor::kAmd ? kMaxPlannedSplitsAmd : kMaxPlannedSplitsNvidia;
   splits = std::max<int64_t>(1, std::min<int64_t>(splits, cap));
   // Only the splits that hold keys: split s gets keys [s chunk, (s + 1) chunk)

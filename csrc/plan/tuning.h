@@ -41,6 +41,15 @@ constexpr int kStreamHintMaxHeads = 16;
 // per-CTA fixed costs and partials). OCP fp8 up to 8 tiles, bf16 up to 4.
 constexpr int64_t kOneWaveMaxTilesFp8 = 8;
 constexpr int64_t kOneWaveMaxTilesBf16 = 4;
+// mma.sync, several head groups (H > 16, or more than one token's heads):
+// the same one-CTA-per-SM wave when the wave of two per SM would leave a
+// split fewer than this many half tiles (32-key tiles) on average. bf16 and
+// fp8 (e4m3fnuz as OCP fp8, not measured): below 2 tiles (with one tile,
+// 256 CTAs at 1 x 1024, H = 128: 15-20% faster with 128; with 1.9 tiles,
+// 5-7%); MXFP4 below 1.5 (faster by 13% at 1.0 and 1.5 tiles, slower by
+// 2-6% at 1.9, where it keeps the two-per-SM wave).
+constexpr int64_t kOneWaveManyGroupsHalfTiles = 4;
+constexpr int64_t kOneWaveManyGroupsHalfTilesMxfp4 = 3;
 // OCP fp8 on mma.sync: splits of at most this many 32-key tiles take the
 // shallower 4-stage ring (faster unless a split is long).
 constexpr int64_t kFp8ShortSplitTiles = 64;
