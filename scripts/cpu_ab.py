@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 HARNESS = ROOT / "csrc" / "cpu" / "tools" / "piece_bench.cpp"
 SOURCES = ["csrc/cpu/kernel_amx.cpp", "csrc/cpu/kernel_avx512.cpp", "csrc/cpu/kernel_avx2.cpp",
-           "csrc/cpu/cpu_features.cpp"]
+           "csrc/cpu/kernel_scalar.cpp", "csrc/cpu/cpu_features.cpp"]
 LINE = re.compile(r" H=(\d+) keys=(\d+) .*?, ([\d.]+) per key and group")
 
 
@@ -51,7 +51,7 @@ def build(tree: Path, exe: Path, extra_flags, own_harness: bool = False) -> None
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("revs", nargs="+", help="git revisions (or WORKTREE); the first is the baseline")
-    ap.add_argument("--path", default="amx", help="amx, avx512, avx512_fp32 or avx2 (default amx)")
+    ap.add_argument("--path", default="amx", help="amx, avx512, avx512_fp32, avx2 or scalar (default amx)")
     ap.add_argument("--shapes", default="16,8192,bf16 16,8192,fp8 16,8192,mxfp4 128,1024,bf16",
                     help="space-separated H,keys,format triples")
     ap.add_argument("--rounds", type=int, default=3)

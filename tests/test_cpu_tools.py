@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ["csrc/cpu/tools/piece_bench.cpp", "csrc/cpu/kernel_amx.cpp", "csrc/cpu/kernel_avx512.cpp",
-           "csrc/cpu/kernel_avx2.cpp", "csrc/cpu/cpu_features.cpp"]
+           "csrc/cpu/kernel_avx2.cpp", "csrc/cpu/kernel_scalar.cpp", "csrc/cpu/cpu_features.cpp"]
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None or platform.machine() not in ("x86_64", "AMD64"),
                                 reason="piece_bench needs g++ on x86-64")
@@ -54,6 +54,28 @@ def test_piece_bench_runs(piece_bench, fmt):
     assert m.group(1) == fmt
     assert float(m.group(2)) > 0 and abs(float(m.group(3)) * 2 - float(m.group(2))) < 0.2
     assert float(m.group(4)) > 0  # the row sums of the last call: positive, finite
+
+
+def test_piece_bench_scalar_path_and_its_plain_lanes(piece_bench, tmp_path):
+    """The scalar path runs on any CPU; built with MLA_CPU_PLAIN_V4 (its four lanes a plain struct,
+    as for a compiler without vector extensions) it computes the same sums."""
+    plain = tmp_path / "piece_bench_plain_v4"
+    cmd = ["g++", "-O1", "-std=c++17", "-DMLA_CPU_PLAIN_V4", f"-I{ROOT / 'csrc'}", "-o", str(plain),
+           *[str(ROOT / s) for s in SOURCES]]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    checks = []
+    for exe in (piece_bench, plain):
+        for fmt, heads in (("bf16", "20"), ("fp8", "2"), ("mxfp4", "7")):
+            proc = subprocess.run([str(exe), "scalar", fmt, heads, "100", "2", "4"], capture_output=True, text=True,
+                                  timeout=120)
+            assert proc.returncode == 0, proc.stderr
+            m = re.search(rf"scalar {fmt} H={heads} keys=100 groups=\d+ items=\d+ calls=2: .*\(check ([-\d.e+]+)\)",
+                          proc.stdout)
+            assert m, proc.stdout
+            assert float(m.group(1)) > 0
+            checks.append(m.group(1))
+    assert checks[:3] == checks[3:]
 
 
 @pytest.mark.parametrize("args,why", [(["avx2", "bf16", "0", "16"], "H must be 1..128"),

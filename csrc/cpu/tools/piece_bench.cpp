@@ -8,9 +8,10 @@
 // transpose, pv) at exit. Not part of the extension (setup.py compiles
 // csrc/cpu/*.cpp only). Build and run on one core:
 //   g++ -O3 -std=c++17 -I csrc -o /tmp/piece_bench csrc/cpu/tools/piece_bench.cpp
-//       csrc/cpu/kernel_amx.cpp csrc/cpu/kernel_avx512.cpp csrc/cpu/kernel_avx2.cpp csrc/cpu/cpu_features.cpp
+//       csrc/cpu/kernel_amx.cpp csrc/cpu/kernel_avx512.cpp csrc/cpu/kernel_avx2.cpp csrc/cpu/kernel_scalar.cpp
+//       csrc/cpu/cpu_features.cpp
 //   taskset -c 2 /tmp/piece_bench amx mxfp4 16 8192
-// Arguments: path (amx, avx512, avx512_fp32, avx2), format (bf16, fp8, mxfp4),
+// Arguments: path (amx, avx512, avx512_fp32, avx2, scalar), format (bf16, fp8, mxfp4),
 // H (1..128), keys per item, optionally the calls to time (default: about 2e9 TSC ticks
 // of calls; 0 for that default) and the MB of cache rows to rotate over (default 1024).
 #include <stdint.h>
@@ -73,10 +74,14 @@ int main(int argc, char** argv) {
   } else if (path == "avx2") {
     if (!cpu.avx2_fma) return refuse("this CPU lacks AVX2, FMA, F16C and BMI2 (or the OS does not enable the ymm state)");
     piece = &cpu::piece_avx2;
+  } else if (path == "scalar") {
+    piece = &cpu::piece_scalar;
   } else {
-    return usage("PATH must be amx, avx512, avx512_fp32 or avx2");
+    return usage("PATH must be amx, avx512, avx512_fp32, avx2 or scalar");
   }
-  if (!cpu::vector_paths_built()) return refuse("this build has no vector paths (not x86-64 GCC or clang)");
+  if (path != "scalar" && !cpu::vector_paths_built()) {
+    return refuse("this build has no vector paths (not x86-64 GCC or clang)");
+  }
   KvFormat format;
   int row_bytes;
   if (fmt == "bf16") {
@@ -165,8 +170,10 @@ int main(int argc, char** argv) {
   }
   float* O = static_cast<float*>(aligned_alloc(64, sizeof(float) * ng * cpu::kOFloats));
   std::vector<float> m(ng * 16), l(ng * 16);
-  const cpu::CallScales cs{p.sm_scale * (format == KvFormat::kFp8E4M3FN ? fp8_scale : 1.f),
-                           format == KvFormat::kFp8E4M3FN ? fp8_scale : 1.f};
+  // The vector paths work on the fp8 codes and fold the tensor scale into both
+  // factors; the scalar path decodes code x scale (kernel_common.h).
+  const float folded = format == KvFormat::kFp8E4M3FN && path != "scalar" ? fp8_scale : 1.f;
+  const cpu::CallScales cs{p.sm_scale * folded, folded};
   auto run = [&](int item) {
     cpu::PieceArgs a{&p, item, groups.data(), ng, 0, keys, O, m.data(), l.data()};
     piece(a, cs);
