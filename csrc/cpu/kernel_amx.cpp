@@ -4,18 +4,15 @@
 // as 16 rows x 64 bytes (palette 1): a bf16 operand tile is 16 x 32 values, an
 // fp32 accumulator 16 x 16.
 //
-// Tiles of 128 keys (kTile), decoded and scored 16 keys at a time.
-//   QK: S (keys x rows) = Kb (keys x 576) . Qt. A sub-tile's 16 keys are
-//       decoded into Kb (18 KB, the same lines for every sub-tile, so they
-//       stay in L1 between the decode's stores and QK's tile loads; bf16:
-//       16 consecutive cache rows are read in place), then every group that
-//       sees them is scored with four accumulator tiles (four independent
-//       tdpbf16ps chains, which the tile unit needs to run at its rate):
-//       4 groups at a time where 4 groups remain (one A tile of Kb feeds
-//       four products, each accumulator a whole 16 keys x 16 rows block of
-//       S); two groups with each group's chunks dealt alternately to two
-//       accumulators, one group with its chunks dealt to all four; those
-//       partial sums are added into S with vector adds.
+// Tiles of 128 keys (kTile), scored in blocks of 64 (kQkKeys).
+//   QK: S (keys x rows) = Kb (keys x 576) . Qt. A block's 64 keys are decoded
+//       into Kb (bf16: 64 consecutive cache rows are read in place),
+//       then every group that sees them is scored with four accumulator tiles
+//       (four independent tdpbf16ps chains, which the tile unit needs to run
+//       at its rate): 4 groups x 1 sub-tile of 16 keys where 4 groups remain
+//       (one A tile of Kb feeds four products), 2 x 2 for two, 1 x 4 sub-tiles
+//       for the last group. Each accumulator is a whole 16 keys x 16 rows
+//       block of S: stored straight into S, no partial sums.
 //   PV: O (rows x 512) += Pa (rows x keys) . Vv. Per 16-dim chunk of O, the
 //       C tiles of 4 (or 2) groups that see the same keys take every 32-key
 //       step's product with one B tile of Vv (16 key pairs x 16 dims), so
@@ -24,8 +21,8 @@
 //       see different key counts) takes two 16-dim chunks at a time instead.
 //       O is loaded into the C tiles and stored once per tile (zeroed
 //       instead on the piece's first tile).
-// The cache lines of the sub-tile 64 keys ahead are prefetched during a
-// sub-tile's first QK call, spread over its 18 chunks (a burst would hold the
+// The cache lines of the next block (64 keys ahead) are prefetched during a
+// block's first QK call, spread over its 18 chunks (a burst would hold the
 // miss buffers while the products wait), with the T0 hint: on the Xeon of
 // docs/cpu-kernel.md it took 0.75-0.95x the time of T1 (L2 only) at H = 64
 // and 128 and for bf16 at H = 16, 1.03-1.05x for fp8 and MXFP4 at H = 16.
@@ -48,16 +45,15 @@ namespace {
 
 using namespace vec;
 
-constexpr int kTile = 128;          // keys per tile (softmax step, PV)
-constexpr int kPrefetchKeys = 64;   // keys between a sub-tile and the one whose lines its QK prefetches
+constexpr int kTile = 128;   // keys per tile (softmax step, PV)
+constexpr int kQkKeys = 64;  // keys decoded, then scored, together
 constexpr int kPaGroup = 16 * kPaRow;             // dwords of one group's Pa
-constexpr int kPfLines = kSubTile * (kCacheRowBytes<KvFormat::kBf16> / 64 + 1);
+constexpr int kPfLines = kQkKeys * (kCacheRowBytes<KvFormat::kBf16> / 64 + 1);
 
-// Per-thread buffers of an AMX piece (64-byte aligned; about 420 KB).
+// Per-thread buffers of an AMX piece (64-byte aligned; about 470 KB).
 struct alignas(64) AmxScratch {
   uint32_t qt[kMaxGroupsPerPiece * kQtDwords];
-  uint32_t kb[kSubTile * kRowDwords];      // the sub-tile's decoded keys, row-major
-  float part[4 * kSubTile * 16];           // QK's four accumulators of one or two groups
+  uint32_t kb[kQkKeys * kRowDwords];       // the block's decoded keys, row-major
   uint32_t vv[kTile / 2 * kVvRow];         // the tile's V in key pairs
   float s[kMaxGroupsPerPiece * kTile * 16];  // per group: [key][16 rows]
   uint32_t yt[kTile / 2 * 16];
@@ -86,105 +82,84 @@ MLA_TARGET_AMX void tiles_begin() {
 }
 
 // ---- QK ----------------------------------------------------------------------
-// One sub-tile of 16 keys (kq: their rows, kRowDwords apart) against the Qt
-// chunks of `groups` groups (qt[g]; so[g]: the group's S at the sub-tile's
-// first key). Accumulators in tmm0-3, A tiles (16 keys x 32 dims of Kb) in
-// tmm4 / tmm5, B tiles (a chunk of Qt) in tmm6 / tmm7; the tile numbers of
-// the intrinsics must be literals, hence one sequence per group count.
-//   4 groups: accumulator g is group g's S block, A loaded once per chunk;
-//   2 groups: group g's even chunks into tmm g, its odd chunks into tmm 2 + g;
-//   1 group:  chunk c into tmm (c % 4).
-// With 1 or 2 groups the accumulators are stored to `part` and summed into
-// S (each S row is one key's 16 rows of heads: one vector). pf / n_pf: cache
-// lines to prefetch, spread over the chunks.
+// Scores `subs` sub-tiles of 16 keys (kq: their rows, kRowDwords apart) for
+// `groups` groups (qt[g]: the group's Qt; so[g]: its S at the block's first
+// key), subs x groups <= 4 accumulators in tmm0-3, A tiles (16 keys x 32 dims)
+// in tmm4 / tmm5, B tiles (a chunk of Qt) in tmm6 / tmm7. The tile numbers
+// of the intrinsics must be literals, hence one sequence per shape. pf / n_pf:
+// cache lines to prefetch, spread over the chunks.
 constexpr int kKbStride = kRowDwords * 4;  // bytes between key rows
 
-MLA_TARGET_AMX void qk_tiles(int groups, const uint32_t* kq, const uint32_t* const* qt, float* const* so,
-                             float* part, const char* const* pf, int n_pf) {
+MLA_TARGET_AMX void qk_tiles(int subs, int groups, const uint32_t* kq, const uint32_t* const* qt, float* const* so,
+                             const char* const* pf, int n_pf) {
   const int pf_per_chunk = (n_pf + kChunks - 1) / kChunks;
-  auto prefetch = [&](int c) {
-    for (int i = c * pf_per_chunk, e = std::min(n_pf, i + pf_per_chunk); i < e; ++i) _mm_prefetch(pf[i], _MM_HINT_T0);
-  };
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
-#define MLA_A(t, c) _tile_loadd(t, kq + 16 * (c), kKbStride)
-#define MLA_B(t, g, c) _tile_loadd(t, qt[g] + 256 * (c), 64)
-  if (groups == 4) {
-    for (int c = 0; c < kChunks; ++c) {
-      prefetch(c);
-      MLA_A(4, c);
-      MLA_B(6, 0, c);
+#define MLA_A(t, s) _tile_loadd(t, kq + (16 * (s)) * kRowDwords + 16 * c, kKbStride)
+#define MLA_B(t, g) _tile_loadd(t, qt[g] + 256 * c, 64)
+  for (int c = 0; c < kChunks; ++c) {
+    for (int i = c * pf_per_chunk, e = std::min(n_pf, i + pf_per_chunk); i < e; ++i) _mm_prefetch(pf[i], _MM_HINT_T0);
+    if (groups == 4) {  // one sub-tile, four groups
+      MLA_A(4, 0);
+      MLA_B(6, 0);
       _tile_dpbf16ps(0, 4, 6);
-      MLA_B(7, 1, c);
+      MLA_B(7, 1);
       _tile_dpbf16ps(1, 4, 7);
-      MLA_B(6, 2, c);
+      MLA_B(6, 2);
       _tile_dpbf16ps(2, 4, 6);
-      MLA_B(7, 3, c);
+      MLA_B(7, 3);
       _tile_dpbf16ps(3, 4, 7);
-    }
-    _tile_stored(0, so[0], 64);
-    _tile_stored(1, so[1], 64);
-    _tile_stored(2, so[2], 64);
-    _tile_stored(3, so[3], 64);
-    return;
-  }
-  if (groups == 2) {
-    static_assert(kChunks % 2 == 0, "chunk pairs");
-    for (int c = 0; c < kChunks; c += 2) {
-      prefetch(c);
-      prefetch(c + 1);
-      MLA_A(4, c);
-      MLA_B(6, 0, c);
+    } else if (groups == 2) {  // one or two sub-tiles, two groups
+      MLA_A(4, 0);
+      MLA_B(6, 0);
       _tile_dpbf16ps(0, 4, 6);
-      MLA_B(7, 1, c);
+      MLA_B(7, 1);
       _tile_dpbf16ps(1, 4, 7);
-      MLA_A(5, c + 1);
-      MLA_B(6, 0, c + 1);
-      _tile_dpbf16ps(2, 5, 6);
-      MLA_B(7, 1, c + 1);
-      _tile_dpbf16ps(3, 5, 7);
-    }
-  } else {
-    static_assert(kChunks % 4 == 2, "four chunks a round, then two");
-    for (int c = 0; c < kChunks; c += 4) {
-      prefetch(c);
-      prefetch(c + 1);
-      MLA_A(4, c);
-      MLA_B(6, 0, c);
-      _tile_dpbf16ps(0, 4, 6);
-      MLA_A(5, c + 1);
-      MLA_B(7, 0, c + 1);
-      _tile_dpbf16ps(1, 5, 7);
-      if (c + 2 < kChunks) {
-        prefetch(c + 2);
-        prefetch(c + 3);
-        MLA_A(4, c + 2);
-        MLA_B(6, 0, c + 2);
-        _tile_dpbf16ps(2, 4, 6);
-        MLA_A(5, c + 3);
-        MLA_B(7, 0, c + 3);
+      if (subs == 2) {
+        MLA_A(5, 1);
+        _tile_dpbf16ps(2, 5, 6);
         _tile_dpbf16ps(3, 5, 7);
+      }
+    } else {  // one group, one to four sub-tiles
+      MLA_A(4, 0);
+      MLA_B(6, 0);
+      _tile_dpbf16ps(0, 4, 6);
+      if (subs > 1) {
+        MLA_A(5, 1);
+        _tile_dpbf16ps(1, 5, 6);
+      }
+      if (subs > 2) {
+        MLA_A(4, 2);
+        _tile_dpbf16ps(2, 4, 6);
+      }
+      if (subs > 3) {
+        MLA_A(5, 3);
+        _tile_dpbf16ps(3, 5, 6);
       }
     }
   }
 #undef MLA_A
 #undef MLA_B
-  constexpr int kPart = kSubTile * 16;  // floats of one accumulator
-  _tile_stored(0, part, 64);
-  _tile_stored(1, part + kPart, 64);
-  _tile_stored(2, part + 2 * kPart, 64);
-  _tile_stored(3, part + 3 * kPart, 64);
-  for (int k = 0; k < kSubTile; ++k) {
-    const __m512 p0 = _mm512_load_ps(part + 16 * k), p1 = _mm512_load_ps(part + kPart + 16 * k);
-    const __m512 p2 = _mm512_load_ps(part + 2 * kPart + 16 * k), p3 = _mm512_load_ps(part + 3 * kPart + 16 * k);
-    if (groups == 2) {
-      _mm512_store_ps(so[0] + 16 * k, _mm512_add_ps(p0, p2));
-      _mm512_store_ps(so[1] + 16 * k, _mm512_add_ps(p1, p3));
-    } else {
-      _mm512_store_ps(so[0] + 16 * k, _mm512_add_ps(_mm512_add_ps(p0, p1), _mm512_add_ps(p2, p3)));
+  // Accumulator (s, g) -> S of group g, keys 16 s ..
+  if (groups == 4) {
+    _tile_stored(0, so[0], 64);
+    _tile_stored(1, so[1], 64);
+    _tile_stored(2, so[2], 64);
+    _tile_stored(3, so[3], 64);
+  } else if (groups == 2) {
+    _tile_stored(0, so[0], 64);
+    _tile_stored(1, so[1], 64);
+    if (subs == 2) {
+      _tile_stored(2, so[0] + 256, 64);
+      _tile_stored(3, so[1] + 256, 64);
     }
+  } else {
+    _tile_stored(0, so[0], 64);
+    if (subs > 1) _tile_stored(1, so[0] + 256, 64);
+    if (subs > 2) _tile_stored(2, so[0] + 512, 64);
+    if (subs > 3) _tile_stored(3, so[0] + 768, 64);
   }
 }
 
@@ -314,7 +289,7 @@ MLA_TARGET_AMX void pv_one(const uint32_t* pa, const AmxScratch& sc, float* O, i
 // ---- one piece -------------------------------------------------------------------
 template <KvFormat F>
 MLA_TARGET_AMX void run_piece_amx(const PieceArgs& a, const CallScales& cs) {
-  static_assert(kTile <= kMaxTileKeys && kTile % kSubTile == 0, "tile sizes");
+  static_assert(kTile <= kMaxTileKeys && kTile % kQkKeys == 0 && kQkKeys == 4 * kSubTile, "tile sizes");
   const MlaDecodeParams& p = *a.p;
   AmxScratch& sc = thread_scratch<AmxScratch>();
   begin_piece_state(a, sc.m2);
@@ -328,35 +303,49 @@ MLA_TARGET_AMX void run_piece_amx(const PieceArgs& a, const CallScales& cs) {
   tiles_begin();
   for (int32_t j0 = a.key_begin; j0 < key_end; j0 += kTile) {
     const int nv = std::min<int32_t>(kTile, key_end - j0);
-    for (int k0 = 0; k0 < nv; k0 += kSubTile) {
+    for (int kb0 = 0; kb0 < nv; kb0 += kQkKeys) {
       MLA_PROFILE_START();
-      const int nb = std::min(kSubTile, nv - k0);
-      // A full sub-tile of bf16 rows in place: QK reads them straight from the cache.
-      const uint32_t* in_place = nb == kSubTile ? rows_in_place<F>(p, a.b, j0 + k0, kSubTile) : nullptr;
+      const int nb = std::min(kQkKeys, nv - kb0);
+      const int subs = (nb + kSubTile - 1) / kSubTile;
+      // A full block of bf16 rows in place: QK reads them straight from the cache.
+      const uint32_t* in_place = nb == kQkKeys ? rows_in_place<F>(p, a.b, j0 + kb0, kQkKeys) : nullptr;
       const bool direct = in_place != nullptr;
       const uint32_t* kq = direct ? in_place : sc.kb;
-      decode_keys<F>(p, a.b, j0, k0, k0 + nb, nv, !direct, sc);
+      decode_keys<F>(p, a.b, j0, kb0, kb0 + nb, nv, !direct, sc);
       if (!direct) {
-        // Rows past the sub-tile's keys: zero (the products of those rows
-        // are never read, but must not see garbage).
+        // Rows past the block's keys up to its last sub-tile: zero (the
+        // products of those rows are never read, but must not see garbage).
         const int decoded = (nb + 1) / 2 * 2;
-        memset(sc.kb + decoded * kRowDwords, 0, sizeof(uint32_t) * (kSubTile - decoded) * kRowDwords);
+        memset(sc.kb + decoded * kRowDwords, 0, sizeof(uint32_t) * (subs * kSubTile - decoded) * kRowDwords);
       }
       MLA_PROFILE_LAP(1, kDecode);
-      int n_pf = list_prefetch_lines<F>(p, a.b, j0 + k0 + kPrefetchKeys, key_end, sc.pf);
+      int n_pf = 0;
+      for (int k = 0; k < kQkKeys; k += kSubTile) n_pf += list_prefetch_lines<F>(p, a.b, j0 + kb0 + kQkKeys + k, key_end, sc.pf + n_pf);
       int g = 0;
-      while (g < a.ng && a.groups[g].visible - j0 <= k0) ++g;  // groups that see none of these keys
+      while (g < a.ng && a.groups[g].visible - j0 <= kb0) ++g;  // groups that see none of these keys
       const uint32_t* qt[4];
       float* so[4];
-      for (; g < a.ng;) {
-        const int width = a.ng - g >= 4 ? 4 : a.ng - g >= 2 ? 2 : 1;
-        for (int i = 0; i < width; ++i) {
-          qt[i] = sc.qt + (g + i) * kQtDwords;
-          so[i] = sc.s + (g + i) * (kTile * 16) + 16 * k0;
+      for (; a.ng - g >= 4; g += 4) {
+        for (int i = 0; i < 4; ++i) qt[i] = sc.qt + (g + i) * kQtDwords;
+        for (int st = 0; st < subs; ++st) {
+          for (int i = 0; i < 4; ++i) so[i] = sc.s + (g + i) * (kTile * 16) + 16 * (kb0 + kSubTile * st);
+          qk_tiles(1, 4, kq + kSubTile * st * kRowDwords, qt, so, sc.pf, n_pf);
+          n_pf = 0;  // the block's first call issues them
         }
-        qk_tiles(width, kq, qt, so, sc.part, sc.pf, n_pf);
-        n_pf = 0;  // the sub-tile's first call issues them
-        g += width;
+      }
+      if (a.ng - g >= 2) {
+        for (int i = 0; i < 2; ++i) qt[i] = sc.qt + (g + i) * kQtDwords;
+        for (int st = 0; st < subs; st += 2) {
+          for (int i = 0; i < 2; ++i) so[i] = sc.s + (g + i) * (kTile * 16) + 16 * (kb0 + kSubTile * st);
+          qk_tiles(std::min(2, subs - st), 2, kq + kSubTile * st * kRowDwords, qt, so, sc.pf, n_pf);
+          n_pf = 0;
+        }
+        g += 2;
+      }
+      if (g < a.ng) {
+        qt[0] = sc.qt + g * kQtDwords;
+        so[0] = sc.s + g * (kTile * 16) + 16 * kb0;
+        qk_tiles(subs, 1, kq, qt, so, sc.pf, n_pf);
       }
       MLA_PROFILE_LAP(1, kQk);
     }
