@@ -230,15 +230,19 @@ void piece_scalar(const PieceArgs& a, const CallScales& s) {
     std::fill(a.m + g * kGroupRows, a.m + (g + 1) * kGroupRows, kNegInf);
     std::fill(a.l + g * kGroupRows, a.l + (g + 1) * kGroupRows, 0.f);
     std::fill(a.O + g * kOFloats, a.O + (g + 1) * kOFloats, 0.f);
+    // The group's queries in the layout its QK reads: [row][d] for a few
+    // rows (qk_by_dims), else Qt [d][16 rows] with the rows past nh zero.
+    const bool few = gd.nh <= kFewRows;
     float* qt = scratch.qt.data() + g * (kHeadDimQK * kGroupRows);
-    std::fill(qt, qt + kHeadDimQK * kGroupRows, 0.f);
     float* qrow = scratch.qrow.data() + g * (kFewRows * kHeadDimQK);
+    if (!few) std::fill(qt, qt + kHeadDimQK * kGroupRows, 0.f);
     for (int h = 0; h < gd.nh; ++h) {
       const uint16_t* qh = qbase + static_cast<int64_t>(gd.q_row) * p.q_stride_token +
                            static_cast<int64_t>(gd.h0 + h) * p.q_stride_head;
-      for (int d = 0; d < kHeadDimQK; ++d) qt[d * kGroupRows + h] = bf16_bits_to_float(qh[d]);
-      if (gd.nh <= kFewRows) {
-        for (int d = 0; d < kHeadDimQK; ++d) qrow[h * kHeadDimQK + d] = bf16_bits_to_float(qh[d]);
+      for (int d = 0; d < kHeadDimQK; ++d) {
+        const float v = bf16_bits_to_float(qh[d]);
+        if (few) qrow[h * kHeadDimQK + d] = v;
+        else qt[d * kGroupRows + h] = v;
       }
     }
   }
@@ -256,13 +260,13 @@ void piece_scalar(const PieceArgs& a, const CallScales& s) {
       const int nkg = std::min<int32_t>(nk, gd.visible - j0);  // this token's keys in the block
       if (nkg <= 0) continue;
       const float* qt = scratch.qt.data() + g * (kHeadDimQK * kGroupRows);
-      // The rows whose logits are computed (those past nh: zero queries).
-      const int rows = gd.nh <= kFewRows ? gd.nh : gd.nh <= 4 ? 4 : gd.nh <= 8 ? 8 : 16;
-      if (rows <= kFewRows) {
+      // Logits of the group's rows (qk_block also of the zero rows up to R,
+      // which nothing below reads).
+      if (gd.nh <= kFewRows) {
         qk_by_dims(kb, nkg, scratch.qrow.data() + g * (kFewRows * kHeadDimQK), gd.nh, s.qk, pr);
-      } else if (rows == 4) {
+      } else if (gd.nh <= 4) {
         qk_block<4>(kb, nkg, qt, s.qk, pr);
-      } else if (rows == 8) {
+      } else if (gd.nh <= 8) {
         qk_block<8>(kb, nkg, qt, s.qk, pr);
       } else {
         qk_block<16>(kb, nkg, qt, s.qk, pr);
@@ -270,7 +274,7 @@ void piece_scalar(const PieceArgs& a, const CallScales& s) {
       float* m = a.m + g * kGroupRows;
       float* l = a.l + g * kGroupRows;
       float alpha[kGroupRows];
-      for (int r = 0; r < rows; ++r) {
+      for (int r = 0; r < gd.nh; ++r) {
         float block_max = kNegInf;
         for (int k = 0; k < nkg; ++k) block_max = std::max(block_max, pr[k * kGroupRows + r]);  // skips a NaN logit
         alpha[r] = 1.f;
