@@ -28,8 +28,10 @@
 
 #include "cpu/cpu_features.h"
 #include "cpu/kernel_common.h"
+#include "cpu/tools/synthetic.h"
 
 using namespace mla_decode;
+using tools::bf16_of;
 
 namespace {
 
@@ -42,12 +44,6 @@ int refuse(const char* why) {
 int usage(const char* why) {
   fprintf(stderr, "piece_bench: %s\nusage: piece_bench PATH FORMAT H KEYS [CALLS [ROTATE_MB]]\n", why);
   return 2;
-}
-
-uint16_t bf16_of(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
 }  // namespace
@@ -113,20 +109,9 @@ int main(int argc, char** argv) {
     uint16_t* w = reinterpret_cast<uint16_t*>(kv.data());
     for (size_t i = 0; i < kv.size() / 2; ++i) w[i] = bf16_of(nd(rng));
   } else if (format == KvFormat::kFp8E4M3FN) {
-    // The 127 finite non-negative e4m3 magnitudes in increasing order (codes 0..126).
-    std::vector<float> mags(127);
-    for (int c = 0; c < 127; ++c) {
-      const int e = c >> 3, m = c & 7;
-      mags[c] = e == 0 ? m / 512.f : std::ldexp(1.f + m / 8.f, e - 7);
-    }
+    const tools::E4m3Quantiser e4m3;
     std::normal_distribution<float> nd;
-    for (auto& b : kv) {
-      const float f = nd(rng) * 64.f, a = std::fabs(f);
-      int c = static_cast<int>(std::lower_bound(mags.begin(), mags.end(), a) - mags.begin());
-      if (c == 127) c = 126;
-      else if (c > 0 && a - mags[c - 1] <= mags[c] - a) --c;
-      b = static_cast<uint8_t>(c | (f < 0 ? 0x80 : 0));
-    }
+    for (auto& b : kv) b = e4m3.code(nd(rng) * 64.f);
   } else {
     uint64_t bits = 0;
     for (size_t i = 0; i < kv.size(); ++i) {
@@ -153,15 +138,8 @@ int main(int argc, char** argv) {
   p.q = q.data();
   p.q_stride_token = static_cast<int64_t>(H) * kHeadDimQK;
   p.q_stride_head = kHeadDimQK;
-  p.format = format;
-  p.kv = kv.data();
-  p.kv_row_stride_bytes = row_bytes;
-  p.fp8_scale = &fp8_scale;
-  p.mx_scale = mx.empty() ? nullptr : mx.data();
-  p.mx_scale_stride_row = 18;
-  p.mx_scale_stride_col = 1;
-  p.layout = KvLayout::kIndptr;
-  p.kv_indptr = kv_indptr.data();
+  tools::set_dense_cache(p, format, kv.data(), row_bytes, &fp8_scale, mx.empty() ? nullptr : mx.data(),
+                         kv_indptr.data());
 
   const int ng = (H + cpu::kGroupRows - 1) / cpu::kGroupRows;
   std::vector<cpu::GroupDesc> groups(ng);

@@ -29,16 +29,12 @@
 
 #include "common/formats.h"
 #include "cpu/kernel_common.h"
+#include "cpu/tools/synthetic.h"
 
 using namespace mla_decode;
+using tools::bf16_of;
 
 namespace {
-
-uint16_t bf16_of(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
 
 struct Case {
   KvFormat format;
@@ -81,18 +77,8 @@ bool run_case(const Case& c, uint64_t seed) {
       memcpy(&kv[i], &h, 2);
     }
   } else if (c.format == KvFormat::kFp8E4M3FN) {
-    // The nearest finite e4m3 code of N(0, 1) x 64, by search over the 127 magnitudes.
-    for (auto& b : kv) {
-      const float f = nd(rng) * 64.f, a = std::fabs(f);
-      int best = 0;
-      for (int code = 1; code < 127; ++code) {
-        if (std::fabs(e4m3fn_to_float(static_cast<uint8_t>(code)) - a) <
-            std::fabs(e4m3fn_to_float(static_cast<uint8_t>(best)) - a)) {
-          best = code;
-        }
-      }
-      b = static_cast<uint8_t>(best | (f < 0 ? 0x80 : 0));
-    }
+    const tools::E4m3Quantiser e4m3;  // codes of N(0, 1) x 64
+    for (auto& b : kv) b = e4m3.code(nd(rng) * 64.f);
   } else {
     for (auto& b : kv) b = static_cast<uint8_t>(rng());
     for (auto& e : mx) e = static_cast<uint8_t>(120 + rng() % 11);
@@ -110,15 +96,8 @@ bool run_case(const Case& c, uint64_t seed) {
   p.q = q.data();
   p.q_stride_token = static_cast<int64_t>(c.heads) * kHeadDimQK;
   p.q_stride_head = kHeadDimQK;
-  p.format = c.format;
-  p.kv = kv.data();
-  p.kv_row_stride_bytes = row_bytes;
-  p.fp8_scale = &fp8_scale;
-  p.mx_scale = mx.empty() ? nullptr : mx.data();
-  p.mx_scale_stride_row = 18;
-  p.mx_scale_stride_col = 1;
-  p.layout = KvLayout::kIndptr;
-  p.kv_indptr = kv_indptr;
+  tools::set_dense_cache(p, c.format, kv.data(), row_bytes, &fp8_scale, mx.empty() ? nullptr : mx.data(),
+                         kv_indptr);
 
   // Groups: every token's heads in groups of 16, tokens in order (visible non-decreasing).
   std::vector<cpu::GroupDesc> groups;
