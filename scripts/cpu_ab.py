@@ -7,7 +7,8 @@ first revision. Only ratios within one run mean anything on a shared or frequenc
     python scripts/cpu_ab.py main exp/my-branch --path amx \\
         --shapes "16,8192,fp8 16,8192,mxfp4 128,1024,bf16" --rounds 3 --core 9
 
-A revision may be WORKTREE (the checkout's files as they are). Needs git, g++ and a CPU that runs
+A revision may be WORKTREE (the checkout's files as they are) or a directory that holds a csrc/
+tree (a revision exported beforehand, for a machine whose copy of the checkout has no .git). Needs git, g++ and a CPU that runs
 the chosen path (piece_bench refuses a path it cannot run, with the reason). Where the kernel
 contract changed between the revisions (kernel_common.h), the checkout's harness may not compile
 against the older one: --own-harness builds each revision with its own piece_bench.cpp.
@@ -28,9 +29,12 @@ LINE = re.compile(r" H=(\d+) keys=(\d+) .*?, ([\d.]+) per key and group")
 
 
 def export(rev: str, dest: Path) -> Path:
-    """The revision's csrc/ under dest (WORKTREE: the checkout's own folder)."""
+    """The revision's csrc/ under dest (WORKTREE: the checkout's own folder; a directory with a csrc/:
+    that directory)."""
     if rev == "WORKTREE":
         return ROOT
+    if (Path(rev) / "csrc").is_dir():
+        return Path(rev).resolve()
     dest.mkdir(parents=True)
     proc = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "csrc"], capture_output=True)
     if proc.returncode != 0:
@@ -41,7 +45,10 @@ def export(rev: str, dest: Path) -> Path:
 
 def build(tree: Path, exe: Path, extra_flags, own_harness: bool = False) -> None:
     harness = tree / HARNESS.relative_to(ROOT) if own_harness else HARNESS
-    cmd = ["g++", "-O3", "-std=c++17", f"-I{tree / 'csrc'}", *extra_flags, "-o", str(exe), str(harness),
+    # The revision's headers first; the checkout's after them, for the headers only its harness
+    # includes (csrc/cpu/tools/synthetic.h, which older revisions lack).
+    includes = [f"-I{tree / 'csrc'}"] + ([] if own_harness else [f"-I{ROOT / 'csrc'}"])
+    cmd = ["g++", "-O3", "-std=c++17", *includes, *extra_flags, "-o", str(exe), str(harness),
            *[str(tree / s) for s in SOURCES]]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:

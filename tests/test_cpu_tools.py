@@ -130,3 +130,16 @@ def test_cpu_ab_own_harness_builds_each_revision_with_its_harness():
     assert proc.returncode == 0, proc.stderr
     assert re.search(r"H= 16 keys=  100  bf16: HEAD [\d.]+ \(\d+\) x1\.00   WORKTREE [\d.]+ \(\d+\) x[\d.]+",
                      proc.stdout), proc.stdout
+
+
+@pytest.mark.skipif(not _has_avx2(), reason="needs AVX2")
+def test_cpu_ab_takes_an_exported_tree(tmp_path):
+    """A revision may be a directory holding a csrc/ tree (what a machine whose copy of the checkout
+    has no .git is given); it is built from that directory's sources."""
+    shutil.copytree(ROOT / "csrc", tmp_path / "csrc")
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "cpu_ab.py"), str(tmp_path), "--path", "avx2",
+                           "--shapes", "16,100,fp8", "--rounds", "1", "--rotate-mb", "4"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"H= 16 keys=  100   fp8: " + re.escape(str(tmp_path)) + r" [\d.]+ \(\d+\) x1\.00",
+                     proc.stdout), proc.stdout
