@@ -12,7 +12,7 @@ Two methods:
             with --peer, FlashMLA's dense decode (bf16, when `import flash_mla` works) runs in the
             same rotation as a reference.
 
-Usage: python scripts/split_sweep.py [fmt ...] [--shapes B:KV,B:KV,...] [--heads H]
+Usage: python scripts/split_sweep.py [fmt ...] [--shapes B:KV,B:KV,...] [--heads H] [--q-len N]
            [--splits 0,2,4,...] [--calls N] [--graph [--windows N] [--window-ms MS] [--gap-s S] [--peer]
            [--kernels K,...]]
 Split 0 is the plan's own choice. Prints one line per format and shape: splits:time (us)."""
@@ -37,6 +37,7 @@ def parse_args(argv=None):
     ap.add_argument("--shapes", default="4:1024,4:8192,32:1024,64:1024,32:8192,256:1024",
                     help="comma list of B:KV")
     ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--q-len", type=int, default=1, help="query tokens per item (MTP: 2)")
     ap.add_argument("--splits", default=",".join(map(str, DEFAULT_SPLITS)), help="comma list; 0 = the plan's")
     ap.add_argument("--graph", action="store_true", help="CUDA-graph windows (the H = 128 sweep's method)")
     ap.add_argument("--calls", type=int, default=20, help="protocol: timed rounds (default 20)")
@@ -52,8 +53,8 @@ def parse_args(argv=None):
     return args
 
 
-def protocol_line(fmt, b, kv, heads, splits, calls, flusher, dev):
-    q, kvd, qo, kvp, cfg = generate_input(b, 1, kv, seed=3, device=dev, num_heads=heads)
+def protocol_line(fmt, b, kv, heads, splits, calls, flusher, dev, q_len=1):
+    q, kvd, qo, kvp, cfg = generate_input(b, q_len, kv, seed=3, device=dev, num_heads=heads)
     cache, scale = cache_of(kvd, fmt)
     fns = {ns: (lambda i, ns=ns: torch.ops.mla_decode.decode(q, cache, scale, qo, kvp, None, None, None, 1,
                                                              cfg["sm_scale"], ns))
@@ -70,7 +71,7 @@ def protocol_line(fmt, b, kv, heads, splits, calls, flusher, dev):
 def graph_line(fmt, b, kv, heads, args, peer):
     from mla_decode.bench.timers import WindowTimer
     dev = torch.device("cuda")
-    q, kvd, qo, kvp, cfg = generate_input(b, 1, kv, seed=3, device=dev, num_heads=heads)
+    q, kvd, qo, kvp, cfg = generate_input(b, args.q_len, kv, seed=3, device=dev, num_heads=heads)
     cache, scale = cache_of(kvd, fmt)
     l2 = torch.cuda.get_device_properties(dev).L2_cache_size
     set_bytes = cache.numel() * cache.element_size() + q.numel() * q.element_size()
@@ -129,8 +130,9 @@ def main(argv=None):
     for fmt in args.formats:
         for b, kv in args.shapes:
             line = (graph_line(fmt, b, kv, args.heads, args, peer) if args.graph
-                    else protocol_line(fmt, b, kv, args.heads, args.splits, args.calls, flusher, dev))
-            print(fmt, b, kv, f"H={args.heads}", "graph" if args.graph else "protocol", line, flush=True)
+                    else protocol_line(fmt, b, kv, args.heads, args.splits, args.calls, flusher, dev, args.q_len))
+            heads = f"H={args.heads}" + (f" q_len={args.q_len}" if args.q_len != 1 else "")
+            print(fmt, b, kv, heads, "graph" if args.graph else "protocol", line, flush=True)
 
 
 if __name__ == "__main__":

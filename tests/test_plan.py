@@ -273,3 +273,21 @@ def test_planned_splits_all_hold_keys():
                         chunk = -(-per_split // t) * t
                         assert (p.splits - 1) * chunk < kv, (device, fmt, heads, batch, kv, str(p))
     assert {"mma_sync", "mfma", "wide", "narrow"} <= seen
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp4"])
+def test_wide_takes_one_tile_splits_on_a_grid_of_at_most_half_the_sms(fmt):
+    # H = 128 (two head groups), 2 x 1024: one-tile splits put 64 CTAs on the 132 SMs, against 32
+    # with the two-tile minimum (measured 7-11% faster); 4 x 1024 would need 128 CTAs and keeps
+    # two tiles a split (8 splits)
+    p = plan_of(2, 1024, fmt, heads=128)
+    assert (p.kernel, p.splits) == ("wide", 16), str(p)
+    assert plan_of(4, 1024, fmt, heads=128).splits == 8
+    # 1 x 2048: 32 one-tile splits (64 CTAs), where two tiles gave 16; 2 x 2048 (128 CTAs) keeps 16
+    assert plan_of(1, 2048, fmt, heads=128).splits == 32
+    assert plan_of(2, 2048, fmt, heads=128).splits == 16
+    # 1 x 3072: the one-tile wave (48 splits) is capped at 32, and the tile rounding of 96-key chunks
+    # gives 24 splits of two tiles again, as before
+    assert plan_of(1, 3072, fmt, heads=128).splits == 24
+    # an explicit split count is kept
+    assert plan_of(2, 1024, fmt, heads=128, num_splits=8).splits == 8

@@ -167,8 +167,14 @@ bool stream_hint_pays_off(const MlaDecodeParams& p, const DeviceFacts& d) {
 
 // The plan of each kernel, once the kernel is chosen.
 Plan wide_plan(const MlaDecodeParams& p, const DeviceFacts& d, int requested_splits) {
-  Plan plan = split_count(p, d, requested_splits, 1, kHopperMinTilesPerSplit * kHopperTileTokens, kHopperTileTokens,
-                          false, kWideRows, true);
+  // Splits of one tile on a grid so small that even they leave most SMs idle:
+  // the extra CTAs run on SMs that would have nothing to do (tuning.h).
+  const int64_t rows = static_cast<int64_t>(p.total_q) * ((p.num_heads + kWideRows - 1) / kWideRows);
+  const int64_t one_tile_splits =
+      std::min<int64_t>(kMaxPlannedSplitsNvidia, std::max<int64_t>(1, estimated_kv_len(p) / kHopperTileTokens));
+  const int min_tiles = rows * one_tile_splits <= d.num_sms / kWideOneTileGridDivisor ? 1 : kHopperMinTilesPerSplit;
+  Plan plan = split_count(p, d, requested_splits, 1, min_tiles * kHopperTileTokens, kHopperTileTokens, false,
+                          kWideRows, true);
   plan.kernel = Kernel::kWide;
   plan.smem_bytes = kWideSmemBytes;
   // bf16 tiles by TMA where the rows allow it: one thread issues a tile's nine

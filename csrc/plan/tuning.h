@@ -22,6 +22,11 @@ constexpr int64_t kWideMinWorkOneGroup = 16384;
 // Wide and narrow kernels: at least this many 64-key tiles per split (with
 // one, a CTA loads its Q for one tile and writes a whole partial).
 constexpr int kHopperMinTilesPerSplit = 2;
+// Wide kernel: splits of one tile where even they would put CTAs on at most
+// 1 / kWideOneTileGridDivisor of the SMs (H = 128, 2 x 1024: 64 CTAs, 7-11%
+// faster than 32 of two tiles in bf16 and MXFP4; 4 x 1024, 128 CTAs: slower).
+// OCP fp8 reaches the wide kernel only at sizes where the split cap binds.
+constexpr int kWideOneTileGridDivisor = 2;
 
 // Narrow kernels (H < 64).
 constexpr int64_t kNarrowMinWorkMxfp4 = 16384;         // MXFP4: faster from here on
