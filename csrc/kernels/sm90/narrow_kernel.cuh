@@ -75,15 +75,7 @@ namespace cuda {
 namespace sm90 {
 namespace narrow {
 
-// Producer warpgroups: three for MXFP4, whose decode with two (8 warps per SM)
-// was bound by the latency of its dependent integer chains and loads, not by
-// issue; two for OCP fp8 (and bf16, whose single TMA issuer needs one).
-template <KvFormat F>
-constexpr int kProducerWarpgroups = F == KvFormat::kMxfp4 ? 3 : 2;
-template <KvFormat F>
-constexpr int kThreadsOf = 128 * (1 + kProducerWarpgroups<F>);  // 512 MXFP4, else 384
-template <KvFormat F>
-constexpr int kLoadersOf = 128 * kProducerWarpgroups<F> / 64;    // threads per key of a tile: 6 or 4
+constexpr int kThreads = 384;
 constexpr int kRows = kNarrowRows;                      // 16 heads: the N of every wgmma
 constexpr int kTileTokens = 64;                         // keys per tile: the M of QK, the K of PV
 constexpr int kColBlocks = kHeadDimQK / 64;             // 9 column blocks of 64 dims (128 bytes per row)
@@ -93,9 +85,8 @@ constexpr int kBlockBytes = kTileTokens * 128;          // 8192: one column bloc
 constexpr int kStageBytes = kColBlocks * kBlockBytes;   // 73728
 constexpr int kStages = 2;
 constexpr int kSwizzleGroupBytes = 8 * 128;             // SBO: 8 rows of 128 bytes
-// Bad-row flags: one word per producer warp and stage, the warp's ballot (key
-// k's bit is that of its first thread, lane kLoaders k % 32 of word kLoaders k / 32).
-constexpr int kFlagWords = 3 * 128 / 32;                // 12 per stage (MXFP4; 8 used by fp8)
+constexpr int kTokensPerLoaderWarp = 32 / kLoadersPerToken;         // 8: one bad-row word each
+constexpr int kFlagWords = kTileTokens / kTokensPerLoaderWarp;      // 8 per stage
 
 enum NamedBarrier : int {
   kBarQ = 1,    // wg 0: Q stored
@@ -104,7 +95,7 @@ enum NamedBarrier : int {
   kBarSum = 4,  // wg 0: the per-warp sums exchanged (epilogue)
 };
 enum MBarrier : int {
-  kMbFull = 0,   // + slot [the producer threads: 384 MXFP4, 256 fp8; bf16: 1]
+  kMbFull = 0,   // + slot [256: wg 1, 2]
   kMbEmpty = 2,  // + slot [128: wg 0]
   kMbCount = 4,
 };
@@ -272,7 +263,7 @@ __device__ __forceinline__ void publish_row_sums(float (&l_part)[4], float* sum_
 // cache rows (dims {576, cache rows} bf16, boxes {64, 64}, 128-byte swizzle:
 // one column block of a slot per box; encoded per call by tensor_map.cu).
 template <KvFormat F>
-__global__ void __launch_bounds__(kThreadsOf<F>, 1)
+__global__ void __launch_bounds__(kThreads, 1)
     decode_narrow_kernel(const DecodeLaunch args, const __grid_constant__ CodeTensorMap kv_map) {
   constexpr bool kFp8 = F == KvFormat::kFp8E4M3FN;  // f16 operands; MXFP4 and bf16: bf16
   constexpr bool kMx = F == KvFormat::kMxfp4;
@@ -305,7 +296,7 @@ __global__ void __launch_bounds__(kThreadsOf<F>, 1)
   auto mbar = [&](int i) { return bars + 8 * i; };
   if (tid == 0) {
     for (int i = 0; i < kStages; ++i) {
-      mbar_init(mbar(kMbFull + i), kBf16 ? 1 : 128 * kProducerWarpgroups<F>);  // bf16: the TMA issuer (+ bytes)
+      mbar_init(mbar(kMbFull + i), kBf16 ? 1 : kLoaderThreads);  // bf16: the TMA issuer (+ bytes)
       mbar_init(mbar(kMbEmpty + i), 128);
     }
     // bf16: TMA (the async proxy) completes the full barriers; make their
@@ -320,7 +311,7 @@ __global__ void __launch_bounds__(kThreadsOf<F>, 1)
 
   if (wg == 0) {
     // ============================ consumer ===================================
-    if constexpr (!kMx) setmaxnreg_dec<kConsumerRegs>();  // MXFP4: 512 x 128 registers, no moves
+    setmaxnreg_dec<kConsumerRegs>();
     {
       // Q: thread tid copies row tid / 8, chunks tid % 8 + 8m (m = 0..8), heads
       // past H (and every head of an orphan token) zero. fp8: scaled per head
@@ -425,8 +416,7 @@ __global__ void __launch_bounds__(kThreadsOf<F>, 1)
           const int64_t row = contiguous_base + tok0 + key;
           is_bad = row < 0 || row >= p.num_cache_rows;
         } else {
-          constexpr int kLoaders = kLoadersOf<F>;
-          is_bad = (bad_words[kLoaders * key / 32] >> (kLoaders * key % 32)) & 1u;
+          is_bad = (bad_words[key / kTokensPerLoaderWarp] >> (kLoadersPerToken * (key % kTokensPerLoaderWarp))) & 1u;
         }
 #pragma unroll
         for (int i = 0; i < 4; ++i) {  // i = 2j + e
@@ -522,7 +512,7 @@ __global__ void __launch_bounds__(kThreadsOf<F>, 1)
     }
   } else {
     // ============================ producers ==================================
-    if constexpr (!kMx) setmaxnreg_inc<kProducerRegs>();
+    setmaxnreg_inc<kProducerRegs>();
     if constexpr (kBf16) {
       // bf16 needs no decode: thread 0 of wg 1 lands each tile in its slot by
       // TMA (9 boxes of 64 keys x 64 dims), tile t + 2 once tile t's PV is done.
@@ -546,18 +536,15 @@ __global__ void __launch_bounds__(kThreadsOf<F>, 1)
         issue_tile(t + kStages);
       }
     } else {
-      // Thread lt decodes key lt / L of a tile, code chunks lt % L + L m
-      // (L = kLoadersOf: 6 for MXFP4, 4 for fp8: tile_loader.cuh).
-      constexpr int kLoaders = kLoadersOf<F>;
-      using Loader = TileCodeLoader<kLoaders>;
-      constexpr int kCodeChunks = Loader::kChunks;
+      // Thread lt decodes key lt / 4 of a tile, code chunks lt % 4 + 4m: the
+      // wide kernel's value-warpgroup map (a warp reads 8 keys per instruction).
       const int lt = tid - 128;
-      const int ld_token = lt / kLoaders, ld_c0 = lt % kLoaders;
+      const int ld_token = lt / kLoadersPerToken, ld_c0 = lt % kLoadersPerToken;
       const uint8_t* kv_base = static_cast<const uint8_t*>(p.kv);
       const bool contiguous = p.layout == KvLayout::kIndptr;
-      const Loader loader{p, kv_base, work.b, kv_begin, kv_end, ld_token, ld_c0, contiguous, contiguous_base};
+      const TileCodeLoader loader{p, kv_base, work.b, kv_begin, kv_end, ld_token, ld_c0, contiguous, contiguous_base};
       // Two tiles of codes in flight: buffer b holds those of the tiles of
-      // parity b (36 fp8 / 18 MXFP4 registers each; with one buffer only about
+      // parity b (36 fp8 / 27 MXFP4 registers each; with one buffer only about
       // one tile's loads are in flight per SM, measured 7% slower at MXFP4's
       // large shapes).
       uint4 codes[2][kCodeChunks];     // fp8: 16 codes per chunk
@@ -570,17 +557,11 @@ __global__ void __launch_bounds__(kThreadsOf<F>, 1)
         if (tile < n_tiles) {
           const int64_t r = loader.key_row(tile);
           codes_bad[B] = __ballot_sync(0xffffffffu, r == -1);
-          loader.template fetch<kMx>(r, codes[B], mx_codes[B], mx_e[B]);
+          loader.fetch<kMx>(r, codes[B], mx_codes[B], mx_e[B]);
         }
       };
-      // Chunk j (32 bytes) is 16-byte chunks 2j, 2j + 1 of column block j / 4.
-      // j = ld_c0 + L m: chunks m and m + 2 lie L / 2 column blocks apart at
-      // the same position, so two address pairs (m even, m odd) serve all.
-      auto st_addr = [&](int j, int half) {
-        return kv_smem + (j / 4) * kBlockBytes + ld_token * 128 + (((2 * (j % 4) + half) ^ (ld_token & 7)) << 4);
-      };
-      const uint32_t st_lo[2] = {st_addr(ld_c0, 0), st_addr(ld_c0 + kLoaders, 0)};
-      const uint32_t st_hi[2] = {st_addr(ld_c0, 1), st_addr(ld_c0 + kLoaders, 1)};
+      const uint32_t st_lo = kv_smem + ld_token * 128 + (((2 * ld_c0) ^ (ld_token & 7)) << 4);
+      const uint32_t st_hi = kv_smem + ld_token * 128 + (((2 * ld_c0 + 1) ^ (ld_token & 7)) << 4);
       // A tile's codes decoded into registers (before its slot is free: only
       // the stores wait for the consumer), then stored into the slot.
       uint32_t dec[kCodeChunks][8];
@@ -610,9 +591,9 @@ __global__ void __launch_bounds__(kThreadsOf<F>, 1)
           const uint32_t slot_off = slot * kStageBytes;
 #pragma unroll
           for (int m = 0; m < kCodeChunks; ++m) {
-            const uint32_t off = slot_off + (kLoaders / 2) * (m / 2) * kBlockBytes;
-            st_shared_v4(st_lo[m % 2] + off, dec[m]);
-            st_shared_v4(st_hi[m % 2] + off, dec[m] + 4);
+            const uint32_t off = slot_off + m * kBlockBytes;
+            st_shared_v4(st_lo + off, dec[m]);
+            st_shared_v4(st_hi + off, dec[m] + 4);
           }
           fence_proxy_async_shared();
           mbar_arrive(mbar(kMbFull + slot));

@@ -83,11 +83,9 @@ __device__ __forceinline__ void scale_q_row_to_f16(uint32_t q_smem, int row, int
   }
 }
 
-// The producer warpgroups' map of a 64-key tile onto kLoaders threads per key
-// (TileCodeLoader): thread lt handles key lt / kLoaders and the 16-code chunks
-// j = lt % kLoaders + kLoaders m (dims 16j..16j+15). With 4 (two warpgroups)
-// a warp reads 8 keys x 64 contiguous bytes (fp8) per instruction; with 6
-// (three warpgroups) a key's 6 chunks of one instruction are contiguous too.
+// The loader warpgroups' map of a 64-key tile: thread lt (0..255) handles key
+// lt / 4 and the 16-code chunks j = lt % 4 + 4m (m = 0..8; dims 16j..16j+15),
+// so a warp reads 8 keys x 64 contiguous bytes (fp8) per instruction.
 // The split's last 64-key tile, stored as 8 + 1 column blocks of 64 rows x
 // 128 bytes (`block_bytes` apart): zeroes dims 0..511 of rows [valid, 64),
 // which a TMA form landed from past the split (another item's keys, or NaN:
@@ -103,12 +101,12 @@ __device__ __forceinline__ void zero_rows_past_split(uint32_t stage, int valid, 
   }
 }
 
+constexpr int kLoaderThreads = 256;
 constexpr int kLoaderTileTokens = 64;
+constexpr int kLoadersPerToken = kLoaderThreads / kLoaderTileTokens;  // 4
+constexpr int kCodeChunks = kHeadDimQK / 16 / kLoadersPerToken;       // 9
 
-template <int kLoaders>
 struct TileCodeLoader {
-  static_assert(kLoaders == 4 || kLoaders == 6, "4 or 6 threads per key");
-  static constexpr int kChunks = kHeadDimQK / 16 / kLoaders;  // 9 or 6 chunks of 16 codes per thread
   const MlaDecodeParams& p;
   const uint8_t* kv_base;   // p.kv
   int b;                    // batch item
@@ -130,22 +128,22 @@ struct TileCodeLoader {
   // is 16 codes (16 bytes); MXFP4: 16 codes (8 bytes) and the E8M0 byte of
   // their block (chunk j is half of block j / 2).
   template <bool kMx>
-  __device__ __forceinline__ void fetch(int64_t r, uint4 (&codes)[kChunks], uint2 (&mx_codes)[kChunks],
-                                        uint32_t (&mx_e)[kChunks]) const {
+  __device__ __forceinline__ void fetch(int64_t r, uint4 (&codes)[kCodeChunks], uint2 (&mx_codes)[kCodeChunks],
+                                        uint32_t (&mx_e)[kCodeChunks]) const {
     if constexpr (kMx) {
       const uint8_t* src = kv_base + (r >= 0 ? r : 0) * p.kv_row_stride_bytes + 8 * ld_c0;
       const uint8_t* sc = p.mx_scale + (r >= 0 ? r : 0) * p.mx_scale_stride_row;
 #pragma unroll
-      for (int m = 0; m < kChunks; ++m) {
-        const int blk = (ld_c0 + kLoaders * m) >> 1;
-        mx_codes[m] = r >= 0 ? __ldg(reinterpret_cast<const uint2*>(src + 8 * kLoaders * m)) : make_uint2(0, 0);
+      for (int m = 0; m < kCodeChunks; ++m) {
+        const int blk = (ld_c0 + 4 * m) >> 1;
+        mx_codes[m] = r >= 0 ? __ldg(reinterpret_cast<const uint2*>(src + 32 * m)) : make_uint2(0, 0);
         mx_e[m] = r >= 0 ? __ldg(sc + blk * p.mx_scale_stride_col) : 0u;
       }
     } else {
       const uint8_t* src = kv_base + (r >= 0 ? r : 0) * p.kv_row_stride_bytes + 16 * ld_c0;
 #pragma unroll
-      for (int m = 0; m < kChunks; ++m) {
-        codes[m] = r >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + 16 * kLoaders * m)) : make_uint4(0, 0, 0, 0);
+      for (int m = 0; m < kCodeChunks; ++m) {
+        codes[m] = r >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + 64 * m)) : make_uint4(0, 0, 0, 0);
       }
     }
   }

@@ -487,7 +487,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int lt = tid - 128;
   const int ld_token = lt / TT::kLoadersPerToken, ld_c0 = lt % TT::kLoadersPerToken;
   const uint8_t* kv_base = static_cast<const uint8_t*>(p.kv);
-  const TileCodeLoader<TT::kLoadersPerToken> loader{p, kv_base, work.b, kv_begin, kv_end, ld_token, ld_c0, contiguous, contiguous_base};
+  const TileCodeLoader loader{p, kv_base, work.b, kv_begin, kv_end, ld_token, ld_c0, contiguous, contiguous_base};
   const uint32_t ld_dst = kv_smem + ld_token * 128;
   auto issue_tile = [&](int tile) {
     if (tile < n_tiles) {
@@ -531,7 +531,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (tile < n_tiles) {
       const int64_t r = loader.key_row(tile);
       codes_bad = __ballot_sync(0xffffffffu, r == -1);
-      loader.template fetch<kMx>(r, codes, mx_codes, mx_e);
+      loader.fetch<kMx>(r, codes, mx_codes, mx_e);
     }
   };
   // f16 / bf16 chunks 2j and 2j + 1 of code chunk j = ld_c0 + 4m sit in
