@@ -28,16 +28,17 @@
 // y = KV split; one split writes bf16 out and lse, several write fp32
 // partials for combine_kernel.
 //
-// Block: 384 threads, one CTA per SM (shared memory).
+// Block: 384 threads (MXFP4: 512), one CTA per SM (shared memory).
 //   wg 0 (consumer):  QK, the online softmax along M with lazy rescaling (the
 //                     running reference maximum stays until a score exceeds
 //                     it by 2^8; only then a head's maximum over the tile's 64
 //                     keys: shuffles and an exchange among the 4 warps), P^T
 //                     to shared memory, O^T = alpha O^T + V^T P^T (64 fp32
 //                     registers), the epilogue.
-//   wg 1, 2 (producers): the codes of two tiles in flight in registers; the
-//                     next tile decoded into registers, then stored into its
-//                     slot once the tile that held the slot is through PV.
+//   wg 1, 2 (producers; MXFP4: wg 1-3, a third of the dims each): the codes
+//                     of two tiles in flight in registers; the next tile
+//                     decoded into registers, then stored into its slot once
+//                     the tile that held the slot is through PV.
 //
 // Shared memory (operands 128-byte swizzled: tile_loader.cuh, ptx_sm90.cuh):
 //   Q        16 heads x 576 dims, 9 column blocks of 16 rows (2 KB each)
@@ -75,7 +76,12 @@ namespace cuda {
 namespace sm90 {
 namespace narrow {
 
-constexpr int kThreads = 384;
+// Block size: the consumer warpgroup and two producer warpgroups (fp8; bf16's
+// TMA issuer needs one thread of them), three for MXFP4, whose decode was
+// latency-bound with two (docs/performance.md, "Where the time goes").
+template <KvFormat F>
+constexpr int kThreadsOf = F == KvFormat::kMxfp4 ? 512 : 384;
+constexpr int kMxProducerThreads = 384;
 constexpr int kRows = kNarrowRows;                      // 16 heads: the N of every wgmma
 constexpr int kTileTokens = 64;                         // keys per tile: the M of QK, the K of PV
 constexpr int kColBlocks = kHeadDimQK / 64;             // 9 column blocks of 64 dims (128 bytes per row)
@@ -124,10 +130,12 @@ __device__ __forceinline__ uint64_t opaque(uint64_t x) {
   return x;
 }
 
-// Register budgets (setmaxnreg): the consumer holds O^T (64), S (8) and the
-// softmax state (ptxas allocates within the decreased budget: at 112 it
-// spills); the producers two tiles of codes (2 x 36 fp8 / 2 x 27 MXFP4) and
-// one decoded tile (72). 136 + 2 x 184 fits the 168 x 384 the launch reserves.
+// Register budgets (setmaxnreg, fp8 and bf16): the consumer holds O^T (64), S
+// (8) and the softmax state (ptxas allocates within the decreased budget: at
+// 112 it spills); the producers two tiles of codes (2 x 36) and one decoded
+// tile (72). 136 + 2 x 184 fits the 168 x 384 the launch reserves. MXFP4's 512
+// threads get 128 each and keep them (its producers hold 2 x 15 registers of
+// codes and a decoded third of a tile, 48).
 constexpr int kConsumerRegs = 136;
 // Lazy rescaling threshold (log2 domain): P = exp2(s - m_run) <= 2^8.
 constexpr float kLazyLog2 = 8.f;
@@ -263,7 +271,7 @@ __device__ __forceinline__ void publish_row_sums(float (&l_part)[4], float* sum_
 // cache rows (dims {576, cache rows} bf16, boxes {64, 64}, 128-byte swizzle:
 // one column block of a slot per box; encoded per call by tensor_map.cu).
 template <KvFormat F>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreadsOf<F>, 1)
     decode_narrow_kernel(const DecodeLaunch args, const __grid_constant__ CodeTensorMap kv_map) {
   constexpr bool kFp8 = F == KvFormat::kFp8E4M3FN;  // f16 operands; MXFP4 and bf16: bf16
   constexpr bool kMx = F == KvFormat::kMxfp4;
@@ -296,7 +304,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto mbar = [&](int i) { return bars + 8 * i; };
   if (tid == 0) {
     for (int i = 0; i < kStages; ++i) {
-      mbar_init(mbar(kMbFull + i), kBf16 ? 1 : kLoaderThreads);  // bf16: the TMA issuer (+ bytes)
+      // the producer threads; bf16: the TMA issuer (+ bytes)
+      mbar_init(mbar(kMbFull + i), kBf16 ? 1 : (kMx ? kMxProducerThreads : kLoaderThreads));
       mbar_init(mbar(kMbEmpty + i), 128);
     }
     // bf16: TMA (the async proxy) completes the full barriers; make their
@@ -311,7 +320,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == 0) {
     // ============================ consumer ===================================
-    setmaxnreg_dec<kConsumerRegs>();
+    if constexpr (!kMx) setmaxnreg_dec<kConsumerRegs>();  // MXFP4: 512 x 128 registers as launched
     {
       // Q: thread tid copies row tid / 8, chunks tid % 8 + 8m (m = 0..8), heads
       // past H (and every head of an orphan token) zero. fp8: scaled per head
@@ -416,7 +425,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int64_t row = contiguous_base + tok0 + key;
           is_bad = row < 0 || row >= p.num_cache_rows;
         } else {
-          is_bad = (bad_words[key / kTokensPerLoaderWarp] >> (kLoadersPerToken * (key % kTokensPerLoaderWarp))) & 1u;
+          is_bad = kMx ? (bad_words[key / 16] >> (2 * (key % 16))) & 1u  // MXFP4: 2 lanes per key
+                       : (bad_words[key / kTokensPerLoaderWarp] >> (kLoadersPerToken * (key % kTokensPerLoaderWarp))) & 1u;
         }
 #pragma unroll
         for (int i = 0; i < 4; ++i) {  // i = 2j + e
@@ -512,7 +522,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     // ============================ producers ==================================
-    setmaxnreg_inc<kProducerRegs>();
+    if constexpr (!kMx) setmaxnreg_inc<kProducerRegs>();
     if constexpr (kBf16) {
       // bf16 needs no decode: thread 0 of wg 1 lands each tile in its slot by
       // TMA (9 boxes of 64 keys x 64 dims), tile t + 2 once tile t's PV is done.
@@ -536,20 +546,34 @@ __global__ void __launch_bounds__(kThreads, 1)
         issue_tile(t + kStages);
       }
     } else {
-      // Thread lt decodes key lt / 4 of a tile, code chunks lt % 4 + 4m: the
-      // wide kernel's value-warpgroup map (a warp reads 8 keys per instruction).
+      // fp8: thread lt (0..255) decodes key lt / 4 of a tile, code chunks
+      // lt % 4 + 4m (m = 0..8): the wide kernel's value-warpgroup map (a warp
+      // reads 8 keys x 64 bytes per instruction).
+      // MXFP4: producer warpgroup w (0..2) decodes column blocks 3w..3w+2 of
+      // every key (chunks 12w..12w+11): thread lw = lt % 128 key lw / 2, the
+      // chunk pairs 12w + 4t + 2 (lw % 2) + {0, 1} (t = 0..2), one 16-byte load
+      // and one MX block each. Chunk 4t' + q of a block row sits at 16-byte
+      // positions (2q, 2q + 1) ^ (key % 8): the 8 lanes of a store phase (4
+      // keys x 2 lanes) hit 8 distinct positions, so the stores are free of
+      // bank conflicts.
       const int lt = tid - 128;
-      const int ld_token = lt / kLoadersPerToken, ld_c0 = lt % kLoadersPerToken;
+      const int ld_token = kMx ? (lt % 128) / 2 : lt / kLoadersPerToken;
+      const int ld_c0 = kMx ? lt % 2 : lt % kLoadersPerToken;
+      const int mx_wg = lt / 128;                       // MXFP4: column blocks 3 mx_wg ..
+      const int mx_j0 = 12 * mx_wg + 2 * ld_c0;         // MXFP4: the thread's first chunk
       const uint8_t* kv_base = static_cast<const uint8_t*>(p.kv);
       const bool contiguous = p.layout == KvLayout::kIndptr;
       const TileCodeLoader loader{p, kv_base, work.b, kv_begin, kv_end, ld_token, ld_c0, contiguous, contiguous_base};
       // Two tiles of codes in flight: buffer b holds those of the tiles of
-      // parity b (36 fp8 / 27 MXFP4 registers each; with one buffer only about
+      // parity b (36 fp8 / 15 MXFP4 registers each; with one buffer only about
       // one tile's loads are in flight per SM, measured 7% slower at MXFP4's
       // large shapes).
+      constexpr int kChunks = kMx ? 6 : kCodeChunks;  // decoded chunks per thread and tile
       uint4 codes[2][kCodeChunks];     // fp8: 16 codes per chunk
-      uint2 mx_codes[2][kCodeChunks];  // MXFP4: 16 codes per chunk
-      uint32_t mx_e[2][kCodeChunks];   // MXFP4: the chunk's block scale byte
+      uint2 mx_unused[kCodeChunks];    // (fetch's MXFP4 outputs, unused by fp8)
+      uint32_t mx_unused_e[kCodeChunks];
+      uint4 mx_pairs[2][3];            // MXFP4: 32 codes (two chunks, one block) per pair
+      uint32_t mx_e[2][3];             // MXFP4: the pair's block scale byte
       uint32_t codes_bad[2] = {};
       // `buf` (an integral_constant) picks the register buffer at compile time.
       auto fetch_tile = [&](auto buf, int tile) {
@@ -557,28 +581,46 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (tile < n_tiles) {
           const int64_t r = loader.key_row(tile);
           codes_bad[B] = __ballot_sync(0xffffffffu, r == -1);
-          loader.fetch<kMx>(r, codes[B], mx_codes[B], mx_e[B]);
+          if constexpr (kMx) loader.fetch_mx_pairs(r, mx_j0, mx_pairs[B], mx_e[B]);
+          else loader.fetch<false>(r, codes[B], mx_unused, mx_unused_e);
         }
+      };
+      // fp8: chunk 4m + ld_c0 in column block m, 16-byte positions (2 ld_c0,
+      // 2 ld_c0 + 1) ^ (key % 8). MXFP4: chunk 12 mx_wg + 4t + 2 ld_c0 + e in
+      // column block 3 mx_wg + t, positions (2 (2 ld_c0 + e), .. + 1) ^ (key % 8).
+      auto row_addr = [&](int block, int pos) {
+        return kv_smem + block * kBlockBytes + ld_token * 128 + ((pos ^ (ld_token & 7)) << 4);
       };
       const uint32_t st_lo = kv_smem + ld_token * 128 + (((2 * ld_c0) ^ (ld_token & 7)) << 4);
       const uint32_t st_hi = kv_smem + ld_token * 128 + (((2 * ld_c0 + 1) ^ (ld_token & 7)) << 4);
+      const uint32_t st_mx[2][2] = {{row_addr(3 * mx_wg, 4 * ld_c0), row_addr(3 * mx_wg, 4 * ld_c0 + 1)},
+                                    {row_addr(3 * mx_wg, 4 * ld_c0 + 2), row_addr(3 * mx_wg, 4 * ld_c0 + 3)}};
       // A tile's codes decoded into registers (before its slot is free: only
       // the stores wait for the consumer), then stored into the slot.
-      uint32_t dec[kCodeChunks][8];
+      uint32_t dec[kChunks][8];
       uint32_t dec_bad = 0;
       auto decode_tile = [&](auto buf) {
         constexpr int B = decltype(buf)::value;
         dec_bad = codes_bad[B];
+        if constexpr (kMx) {
 #pragma unroll
-        for (int m = 0; m < kCodeChunks; ++m) {
-          if constexpr (kMx) {
-            // 16 codes into dim positions (0, 4, 1, 5, 2, 6, 3, 7) of each
-            // 8-dim group: no reordering instructions.
-            const MxChunkBf16 d = mx_e[B][m] <= 128u ? mx_chunk_to_bf16<true>(mx_codes[B][m], mx_e[B][m])
-                                                     : mx_chunk_to_bf16_two_factors(mx_codes[B][m], mx_e[B][m]);
+          for (int t = 0; t < 3; ++t) {
+            // 16 codes per chunk into dim positions (0, 4, 1, 5, 2, 6, 3, 7)
+            // of each 8-dim group: no reordering instructions.
+            const uint32_t e = mx_e[B][t];
+            const uint2 lo = make_uint2(mx_pairs[B][t].x, mx_pairs[B][t].y);
+            const uint2 hi = make_uint2(mx_pairs[B][t].z, mx_pairs[B][t].w);
+            const MxChunkBf16 d0 = e <= 128u ? mx_chunk_to_bf16<true>(lo, e) : mx_chunk_to_bf16_two_factors(lo, e);
+            const MxChunkBf16 d1 = e <= 128u ? mx_chunk_to_bf16<true>(hi, e) : mx_chunk_to_bf16_two_factors(hi, e);
 #pragma unroll
-            for (int i = 0; i < 8; ++i) dec[m][i] = d.w[i];
-          } else {
+            for (int i = 0; i < 8; ++i) {
+              dec[2 * t][i] = d0.w[i];
+              dec[2 * t + 1][i] = d1.w[i];
+            }
+          }
+        } else {
+#pragma unroll
+          for (int m = 0; m < kCodeChunks; ++m) {
             e4m3x8_to_f16(codes[B][m].x, codes[B][m].y, dec[m]);
             e4m3x8_to_f16(codes[B][m].z, codes[B][m].w, dec[m] + 4);
           }
@@ -587,13 +629,27 @@ __global__ void __launch_bounds__(kThreads, 1)
       auto store_tile = [&](int tile) {
         if (tile < n_tiles) {
           const int slot = tile % kStages;
-          if (lane == 0) flags[slot * kFlagWords + lt / 32] = dec_bad;
+          // The bad-row word of each warp (MXFP4: those of warpgroup 1, which
+          // holds every key: 16 keys per warp, key k at bit 2 (k % 16)).
+          if (lane == 0 && (!kMx || lt < 128)) flags[slot * kFlagWords + lt / 32] = dec_bad;
           const uint32_t slot_off = slot * kStageBytes;
+          if constexpr (kMx) {
 #pragma unroll
-          for (int m = 0; m < kCodeChunks; ++m) {
-            const uint32_t off = slot_off + m * kBlockBytes;
-            st_shared_v4(st_lo + off, dec[m]);
-            st_shared_v4(st_hi + off, dec[m] + 4);
+            for (int t = 0; t < 3; ++t) {
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const uint32_t off = slot_off + t * kBlockBytes;
+                st_shared_v4(st_mx[e][0] + off, dec[2 * t + e]);
+                st_shared_v4(st_mx[e][1] + off, dec[2 * t + e] + 4);
+              }
+            }
+          } else {
+#pragma unroll
+            for (int m = 0; m < kCodeChunks; ++m) {
+              const uint32_t off = slot_off + m * kBlockBytes;
+              st_shared_v4(st_lo + off, dec[m]);
+              st_shared_v4(st_hi + off, dec[m] + 4);
+            }
           }
           fence_proxy_async_shared();
           mbar_arrive(mbar(kMbFull + slot));

@@ -147,6 +147,21 @@ struct TileCodeLoader {
       }
     }
   }
+
+  // MXFP4 by pairs of chunks (the narrow kernel's map, narrow_kernel.cuh):
+  // chunks j0 + 4t and j0 + 4t + 1 (t = 0..2, j0 even) of cache row r, one
+  // 16-byte load each (32 codes, dims 32 (j0 / 2 + 2t) ..: MX block j0 / 2 +
+  // 2t), and that block's E8M0 byte; zeros for r < 0. The rows are 16-byte
+  // aligned (the Hopper kernels' condition), so the loads are too.
+  __device__ __forceinline__ void fetch_mx_pairs(int64_t r, int j0, uint4 (&pairs)[3], uint32_t (&mx_e)[3]) const {
+    const uint8_t* src = kv_base + (r >= 0 ? r : 0) * p.kv_row_stride_bytes + 8 * j0;
+    const uint8_t* sc = p.mx_scale + (r >= 0 ? r : 0) * p.mx_scale_stride_row;
+#pragma unroll
+    for (int t = 0; t < 3; ++t) {
+      pairs[t] = r >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + 32 * t)) : make_uint4(0, 0, 0, 0);
+      mx_e[t] = r >= 0 ? __ldg(sc + (j0 / 2 + 2 * t) * p.mx_scale_stride_col) : 0u;
+    }
+  }
 };
 
 }  // namespace sm90
