@@ -92,7 +92,7 @@ constexpr int kStageBytes = kColBlocks * kBlockBytes;   // 73728
 constexpr int kStages = 2;
 constexpr int kSwizzleGroupBytes = 8 * 128;             // SBO: 8 rows of 128 bytes
 constexpr int kTokensPerLoaderWarp = 32 / kLoadersPerToken;         // 8: one bad-row word each
-constexpr int kFlagWords = kTileTokens / kTokensPerLoaderWarp;      // 8 per stage
+constexpr int kFlagWords = kTileTokens / kTokensPerLoaderWarp;      // 8 per stage (MXFP4 uses 4)
 
 enum NamedBarrier : int {
   kBarQ = 1,    // wg 0: Q stored
@@ -101,7 +101,7 @@ enum NamedBarrier : int {
   kBarSum = 4,  // wg 0: the per-warp sums exchanged (epilogue)
 };
 enum MBarrier : int {
-  kMbFull = 0,   // + slot [256: wg 1, 2]
+  kMbFull = 0,   // + slot [the producers: 256, MXFP4 384; bf16 1]
   kMbEmpty = 2,  // + slot [128: wg 0]
   kMbCount = 4,
 };
