@@ -570,8 +570,6 @@ __global__ void __launch_bounds__(kThreadsOf<F>, 1)
       // large shapes).
       constexpr int kChunks = kMx ? 6 : kCodeChunks;  // decoded chunks per thread and tile
       uint4 codes[2][kCodeChunks];     // fp8: 16 codes per chunk
-      uint2 mx_unused[kCodeChunks];    // (fetch's MXFP4 outputs, unused by fp8)
-      uint32_t mx_unused_e[kCodeChunks];
       uint4 mx_pairs[2][3];            // MXFP4: 32 codes (two chunks, one block) per pair
       uint32_t mx_e[2][3];             // MXFP4: the pair's block scale byte
       uint32_t codes_bad[2] = {};
@@ -582,7 +580,7 @@ __global__ void __launch_bounds__(kThreadsOf<F>, 1)
           const int64_t r = loader.key_row(tile);
           codes_bad[B] = __ballot_sync(0xffffffffu, r == -1);
           if constexpr (kMx) loader.fetch_mx_pairs(r, mx_j0, mx_pairs[B], mx_e[B]);
-          else loader.fetch<false>(r, codes[B], mx_unused, mx_unused_e);
+          else loader.fetch_codes(r, codes[B]);
         }
       };
       // fp8: chunk 4m + ld_c0 in column block m, 16-byte positions (2 ld_c0,

@@ -124,27 +124,26 @@ struct TileCodeLoader {
     return (r < 0 || r >= p.num_cache_rows) ? -1 : r;
   }
 
-  // The codes of cache row r (zeros for r < 0) into registers. fp8: chunk m
-  // is 16 codes (16 bytes); MXFP4: 16 codes (8 bytes) and the E8M0 byte of
-  // their block (chunk j is half of block j / 2).
-  template <bool kMx>
-  __device__ __forceinline__ void fetch(int64_t r, uint4 (&codes)[kCodeChunks], uint2 (&mx_codes)[kCodeChunks],
-                                        uint32_t (&mx_e)[kCodeChunks]) const {
-    if constexpr (kMx) {
-      const uint8_t* src = kv_base + (r >= 0 ? r : 0) * p.kv_row_stride_bytes + 8 * ld_c0;
-      const uint8_t* sc = p.mx_scale + (r >= 0 ? r : 0) * p.mx_scale_stride_row;
+  // The codes of cache row r (zeros for r < 0) into registers, by the map
+  // above. fp8: chunk m is 16 codes (16 bytes).
+  __device__ __forceinline__ void fetch_codes(int64_t r, uint4 (&codes)[kCodeChunks]) const {
+    const uint8_t* src = kv_base + (r >= 0 ? r : 0) * p.kv_row_stride_bytes + 16 * ld_c0;
 #pragma unroll
-      for (int m = 0; m < kCodeChunks; ++m) {
-        const int blk = (ld_c0 + 4 * m) >> 1;
-        mx_codes[m] = r >= 0 ? __ldg(reinterpret_cast<const uint2*>(src + 32 * m)) : make_uint2(0, 0);
-        mx_e[m] = r >= 0 ? __ldg(sc + blk * p.mx_scale_stride_col) : 0u;
-      }
-    } else {
-      const uint8_t* src = kv_base + (r >= 0 ? r : 0) * p.kv_row_stride_bytes + 16 * ld_c0;
+    for (int m = 0; m < kCodeChunks; ++m) {
+      codes[m] = r >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + 64 * m)) : make_uint4(0, 0, 0, 0);
+    }
+  }
+  // MXFP4: chunk m is 16 codes (8 bytes), with the E8M0 byte of its block
+  // (chunk j is half of block j / 2).
+  __device__ __forceinline__ void fetch_mx(int64_t r, uint2 (&mx_codes)[kCodeChunks],
+                                           uint32_t (&mx_e)[kCodeChunks]) const {
+    const uint8_t* src = kv_base + (r >= 0 ? r : 0) * p.kv_row_stride_bytes + 8 * ld_c0;
+    const uint8_t* sc = p.mx_scale + (r >= 0 ? r : 0) * p.mx_scale_stride_row;
 #pragma unroll
-      for (int m = 0; m < kCodeChunks; ++m) {
-        codes[m] = r >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + 64 * m)) : make_uint4(0, 0, 0, 0);
-      }
+    for (int m = 0; m < kCodeChunks; ++m) {
+      const int blk = (ld_c0 + 4 * m) >> 1;
+      mx_codes[m] = r >= 0 ? __ldg(reinterpret_cast<const uint2*>(src + 32 * m)) : make_uint2(0, 0);
+      mx_e[m] = r >= 0 ? __ldg(sc + blk * p.mx_scale_stride_col) : 0u;
     }
   }
 

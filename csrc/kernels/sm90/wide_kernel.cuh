@@ -531,7 +531,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (tile < n_tiles) {
       const int64_t r = loader.key_row(tile);
       codes_bad = __ballot_sync(0xffffffffu, r == -1);
-      loader.fetch<kMx>(r, codes, mx_codes, mx_e);
+      if constexpr (kMx) loader.fetch_mx(r, mx_codes, mx_e);
+      else loader.fetch_codes(r, codes);
     }
   };
   // f16 / bf16 chunks 2j and 2j + 1 of code chunk j = ld_c0 + 4m sit in
