@@ -176,12 +176,11 @@ Plan wide_plan(const MlaDecodeParams& p, const DeviceFacts& d, int requested_spl
   Plan plan = split_count(p, d, requested_splits, 1, min_tiles * kHopperTileTokens, kHopperTileTokens, false,
                           kWideRows, true);
   plan.kernel = Kernel::kWide;
-  // bf16 tiles by TMA where the rows allow it (the TMA form,
-  // kernels/sm90/wide_tma_kernel.cuh): one thread issues a tile's nine boxes,
-  // where cp.async would take the value warpgroups ~1500 cycles of issue per
-  // tile (docs/performance.md), and Q's registers leave room for five stages.
+  plan.smem_bytes = kWideSmemBytes;
+  // bf16 tiles by TMA where the rows allow it: one thread issues a tile's nine
+  // boxes, where cp.async would take the value warpgroups ~1500 cycles of
+  // issue per tile (docs/performance.md).
   plan.tma_tiles = p.format == KvFormat::kBf16 && why_not_tma_rows(p, d) == nullptr;
-  plan.smem_bytes = plan.tma_tiles ? kWideTmaSmemBytes : kWideSmemBytes;
   return plan;
 }
 

@@ -34,7 +34,7 @@ template <KvFormat F>
 cudaError_t launch_narrow_format(const DecodeLaunch& args, cudaStream_t stream) {
   sm90::CodeTensorMap map{};
   if (F == KvFormat::kBf16) {
-    const cudaError_t err = sm90::encode_code_map(args.p, sm90::narrow::kTileTokens, &map);
+    const cudaError_t err = sm90::encode_code_map(args.p, &map);
     if (err != cudaSuccess) return err;
   }
   return launch_narrow_f16<F>(args, map, stream);
@@ -54,7 +54,7 @@ cudaError_t launch_narrow(const DecodeLaunch& args, cudaStream_t stream) {
 cudaError_t launch_narrow_register_v(const DecodeLaunch& args, cudaStream_t stream) {
   if (args.p.format != KvFormat::kFp8E4M3FN) return cudaErrorInvalidValue;  // a planning bug
   sm90::CodeTensorMap map{};
-  const cudaError_t err = sm90::encode_code_map(args.p, sm90::narrow::kTileTokens, &map);
+  const cudaError_t err = sm90::encode_code_map(args.p, &map);
   if (err != cudaSuccess) return err;
   constexpr int kSmem = sm90::narrow_fp8::Smem::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");

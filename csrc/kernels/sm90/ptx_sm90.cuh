@@ -130,10 +130,6 @@ __device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t smem_addr, uint32_t
 // fp32 registers per thread for an m64nN shape) and their register strings.
 #define MLA_WGMMA_D8 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
 #define MLA_WGMMA_R8 "%0, %1, %2, %3, %4, %5, %6, %7"
-#define MLA_WGMMA_D16 \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-#define MLA_WGMMA_R16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
 #define MLA_WGMMA_D32 \
   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
@@ -200,39 +196,6 @@ __device__ __forceinline__ void wgmma_m64n256k16_ss_tnspb(float (&d)[128], uint6
   }
 #endif
 }
-// d (64 x 32 fp32) (+)= A (64 x 16 bf16) * B (16 x 32 bf16, shared, K-major):
-// the wide kernel's QK on 32-key tiles (wide_tma_kernel.cuh). The _ss forms
-// read A from shared memory (K-major); the _rs form from registers, as the
-// 16-bit A fragment of warp w's rows 16w..16w+15: a0 = (row g, k 2c..2c+1),
-// a1 = (row g+8, k 2c..), a2 = (row g, k 8+2c..), a3 = (row g+8, k 8+2c..),
-// the lower k in the low half.
-// d = A * B (no accumulation; d is only written, so its registers carry no
-// dependence on their previous contents: a chain of k-steps starts here).
-__device__ __forceinline__ void wgmma_m64n32k16_bf16_ss_first(float (&d)[16], uint64_t desc_a, uint64_t desc_b) {
-#if MLA_SM90A_DEVICE
-  asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {" MLA_WGMMA_R16 "}, %16, %17, 0, 1, 1, 0, 0;\n"
-               : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]),
-                 "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15])
-               : "l"(desc_a), "l"(desc_b));
-#endif
-}
-// d += A * B.
-__device__ __forceinline__ void wgmma_m64n32k16_bf16_ss(float (&d)[16], uint64_t desc_a, uint64_t desc_b) {
-#if MLA_SM90A_DEVICE
-  constexpr bool kAccumulate = true;
-  MLA_WGMMA_SS("m64n32k16", "bf16", "0", 16, "16", "17", "18");
-#endif
-}
-// d += A * B, A in registers.
-__device__ __forceinline__ void wgmma_m64n32k16_bf16_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b) {
-#if MLA_SM90A_DEVICE
-  asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {" MLA_WGMMA_R16
-               "}, {%16, %17, %18, %19}, %20, 1, 1, 1, 0;\n"
-               : MLA_WGMMA_D16
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-#endif
-}
-
 // d (64 x 16 fp32) (+)= A (64 x 16, shared) * B (16 x 16, shared, K-major), bf16
 // or f16 operands; kTnspA reads A M-major (the narrow kernel's V^T: the stored
 // key tile, dims contiguous, read with keys as K).
@@ -305,23 +268,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "r"(bar), "r"(parity)
         : "memory");
   } while (done == 0);
-#endif
-}
-
-// mbar_wait for a whole warp, polled until every lane has seen the phase
-// complete, so the retry branch is warp-uniform: ptxas keeps wgmmas in flight
-// across it, where a per-lane retry loop makes it serialise every wgmma of the
-// function (C7514 / C7520). All 32 lanes call it.
-__device__ __forceinline__ void mbar_wait_warp(uint32_t bar, uint32_t parity) {
-#if MLA_SM90A_DEVICE
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!__all_sync(0xffffffffu, done != 0));
 #endif
 }
 

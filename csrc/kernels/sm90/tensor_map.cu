@@ -43,14 +43,14 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }  // namespace
 
 // (tensor_map.h states the map's shape.)
-cudaError_t encode_code_map(const MlaDecodeParams& p, int box_rows, CodeTensorMap* map) {
+cudaError_t encode_code_map(const MlaDecodeParams& p, CodeTensorMap* map) {
 #if MLA_SM90_HAS_TMA
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   const bool bf16 = p.format == KvFormat::kBf16;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kHeadDimQK), static_cast<cuuint64_t>(p.num_cache_rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.kv_row_stride_bytes)};
-  const cuuint32_t box[2] = {bf16 ? 64u : 128u, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t box[2] = {bf16 ? 64u : 128u, static_cast<cuuint32_t>(64u)};
   const cuuint32_t elem_strides[2] = {1, 1};
   const CUresult r = encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_UINT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 2,
                             const_cast<void*>(p.kv), dims, strides, box,
@@ -59,7 +59,6 @@ cudaError_t encode_code_map(const MlaDecodeParams& p, int box_rows, CodeTensorMa
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 #else
   (void)p;
-  (void)box_rows;
   (void)map;
   return cudaErrorNotSupported;
 #endif

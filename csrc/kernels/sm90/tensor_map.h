@@ -33,11 +33,10 @@ struct alignas(64) CodeTensorMap {
 
 // The map over the cache rows: a 2-D tensor of {576 elements, num_cache_rows
 // rows} with the cache's row stride, uint8 codes (OCP fp8) or 16-bit values
-// (bf16); boxes of 128 bytes x box_rows rows (one column block of a tile of
-// box_rows keys: 64, or 32 for the wide kernel's TMA form), 128-byte swizzle
-// (the wgmma operand layout); reads outside the tensor fill zeros.
-// cudaErrorNotSupported where the driver has no encoder.
-cudaError_t encode_code_map(const MlaDecodeParams& p, int box_rows, CodeTensorMap* map);
+// (bf16); boxes of 128 bytes x 64 rows (one column block of a 64-key tile),
+// 128-byte swizzle (the wgmma operand layout); reads outside the tensor fill
+// zeros. cudaErrorNotSupported where the driver has no encoder.
+cudaError_t encode_code_map(const MlaDecodeParams& p, CodeTensorMap* map);
 
 }  // namespace sm90
 }  // namespace cuda

@@ -86,14 +86,13 @@ __device__ __forceinline__ void scale_q_row_to_f16(uint32_t q_smem, int row, int
 // The loader warpgroups' map of a 64-key tile: thread lt (0..255) handles key
 // lt / 4 and the 16-code chunks j = lt % 4 + 4m (m = 0..8; dims 16j..16j+15),
 // so a warp reads 8 keys x 64 contiguous bytes (fp8) per instruction.
-// The split's last tile of kTileRows keys, stored as 8 + 1 column blocks of
-// kTileRows rows x 128 bytes (`block_bytes` apart): zeroes dims 0..511 of
-// rows [valid, kTileRows), which a TMA form landed from past the split
-// (another item's keys, or NaN: PV multiplies every row by its P, and 0 x NaN
-// reaches O). 128 threads, tid 0..127; the caller's proxy fence before its
-// next hand-off covers the stores.
-template <int kTileRows = 64>
+// The split's last 64-key tile, stored as 8 + 1 column blocks of 64 rows x
+// 128 bytes (`block_bytes` apart): zeroes dims 0..511 of rows [valid, 64),
+// which a TMA form landed from past the split (another item's keys, or NaN:
+// PV multiplies every row by its P, and 0 x NaN reaches O). 128 threads, tid
+// 0..127; the caller's proxy fence before its next hand-off covers the stores.
 __device__ __forceinline__ void zero_rows_past_split(uint32_t stage, int valid, int tid, int block_bytes) {
+  constexpr int kTileRows = 64;
   if (valid < kTileRows) {
     for (int i = tid; i < (kTileRows - valid) * 64; i += 128) {  // 8 column blocks x 8 chunks per row
       const uint32_t addr = stage + (i % 64 / 8) * block_bytes + (valid + i / 64) * 128 + (i % 8) * 16;

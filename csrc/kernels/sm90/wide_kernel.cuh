@@ -1,11 +1,9 @@
-// Split-KV MLA decode for an OCP fp8 or MXFP4 cache, or a bf16 cache on a
-// layout TMA cannot address (a kv_indices list, a paged block table), on
-// Hopper (sm_90a) with many heads (H >= 64): the "wide" kernel. (bf16 on the
-// indptr layout runs its TMA form, wide_tma_kernel.cuh.) 64 heads of one query
-// token share every K/V tile, so each key is read and fed to the tensor cores
-// once per 64 heads (the mma.sync kernel reads it once per 16, from shared
-// memory into registers, for every head group). Both products run on wgmma
-// with their operands in shared memory.
+// Split-KV MLA decode for a bf16, OCP fp8 or MXFP4 cache on Hopper (sm_90a)
+// with many heads (H >= 64): the "wide" kernel. 64 heads of one query token share every K/V
+// tile, so each key is read and fed to the tensor cores once per 64 heads
+// (the mma.sync kernel reads it once per 16, from shared memory into
+// registers, for every head group). Both products run on wgmma with their
+// operands in shared memory.
 //
 // Grid and outputs: as every split kernel (launch_contract.h), with head groups
 // of kWideRows = 64 heads: x = query token * head_groups + head group, y = KV
@@ -17,17 +15,20 @@
 //   wg 0 (scores):   S = Q K^T for a 64-token tile (wgmma m64n64k16, 36
 //                    k-steps, Q and K both K-major in shared memory), the
 //                    online softmax in registers with lazy rescaling
-//                    (kWideLazyLog2, wide_common.cuh), P (bf16; f16 for fp8)
-//                    and the per-row rescale factor alpha to shared memory.
+//                    (kLazyLog2), P (bf16; f16 for fp8) and the per-row
+//                    rescale factor alpha to shared memory; in the TMA form
+//                    also the rope block's box of tile t+2 (kRopeBlock).
 //   wg 1, 2 (values): O = alpha O + P V for value dims [256 (wg - 1), +256)
 //                    (wgmma m64n256k16, 4 k-steps, P K-major, V N-major: the
 //                    same stored tile read transposed), and all the loads of
-//                    K/V tiles (bf16: cp.async of 16-byte chunks by all 256
-//                    threads; fp8 and MXFP4: the codes of tile t+2 are loaded
-//                    into registers while tile t's PV runs and converted into
-//                    its slot after it: fp8 to f16, so both products run on
-//                    f16 wgmma with Q scaled per head into f16; MXFP4 decoded
-//                    with its block scales to bf16, whose range they need).
+//                    K/V tiles (bf16 on the indptr layout: thread 128 issues
+//                    a tile's nine TMA boxes; bf16 otherwise: cp.async of
+//                    16-byte chunks by all 256 threads; fp8 and
+//                    MXFP4: the codes of tile t+2 are loaded into registers
+//                    while tile t's PV runs and converted into its slot after
+//                    it: fp8 to f16, so both products run on f16 wgmma with Q
+//                    scaled per head into f16; MXFP4 decoded with its block
+//                    scales to bf16, whose range they need).
 // So tile t's scores (wg 0) run while tile t-1's values (wg 1, 2) run, and
 // the tensor cores see both.
 //
@@ -35,9 +36,10 @@
 //   Q        64 heads x 576 dims, 9 column blocks of 64 dims (8 KB each)
 //   K/V ring 2 x (64 keys x 576 dims), the same layout; rows past the
 //            split or with a bad index are zero-filled (PV multiplies every
-//            row by its P, so they must hold finite values)
+//            row by its P, so they must hold finite values; the TMA form
+//            zeroes the last tile's rows past the split after its QK)
 //   P        64 heads x 64 keys bf16 (one column block), alpha[2][64]
-// Smem::kTotal bytes in all (plan/kernel_geometry.h). The epilogue reuses the
+// 230,904 bytes (225.5 KiB) in all (Smem below). The epilogue reuses the
 // ring to stage O for 16-byte stores.
 //
 // Synchronisation. Between wg 0 and wg 1, 2: mbarriers (arrive with release,
@@ -48,6 +50,11 @@
 //               waits before its QK. Tile t+2 is issued into the slot only
 //               after tile t's PV, which waits for p_full of tile t, which wg 0
 //               arrives at after its wait.
+//   block[slot][9]  the TMA form instead of full: each box of 64 keys x 64
+//               dims completes its own barrier (one arrival with its byte
+//               count: thread 128's, thread 0's for the rope block from tile
+//               2 on), and wg 0 waits for column block j before QK's four
+//               k-steps on it, so the products start as the tile lands.
 //   p_full      wg 0 arrives once P and alpha of tile t are stored (and fenced
 //               for the tensor cores); wg 1, 2 wait before rescaling O and
 //               issuing PV.
@@ -67,8 +74,8 @@
 #include "kernels/common/work.cuh"
 #include "kernels/sm80/ptx_sm80.cuh"
 #include "kernels/sm90/ptx_sm90.cuh"
+#include "kernels/sm90/tensor_map.h"
 #include "kernels/sm90/tile_loader.cuh"
-#include "kernels/sm90/wide_common.cuh"
 
 namespace mla_decode {
 namespace cuda {
@@ -84,7 +91,12 @@ constexpr int kRingBytes = 2 * 64 * kHeadDimQK * 2;    // 147456: two 64-key til
 constexpr int kValueBlocksPerWg = kHeadDimV / 64 / 2;  // 4 column blocks (256 dims) per value warpgroup
 constexpr int kSwizzleGroupBytes = 8 * 128;            // SBO: 8 rows of 128 bytes
 constexpr int kLoaderThreads = 256;                    // wg 1, 2
-static_assert(kWideStageOutBytes <= kRingBytes, "the epilogue's rows fit in the ring");
+// The epilogue's staging rows in the ring (per value warpgroup: 64 rows of
+// its 256 dims), padded by 16 / 32 bytes so that the 8 rows of a warp's store
+// fall on different banks.
+constexpr int kOutRowBf16 = 256 * 2 + 16;  // 528
+constexpr int kOutRowF32 = 256 * 4 + 32;   // 1056
+static_assert(2 * kRows * kOutRowF32 <= kRingBytes, "the epilogue's rows fit in the ring");
 
 // The key tile: kTileTokens keys per stage, the N of QK and the K of PV.
 // 64-key tiles give QK its best shape (m64n64: Q's shared-memory reads
@@ -117,11 +129,13 @@ enum NamedBarrier : int {
 };
 // mbarriers, in this order in Smem::kBars; arrivals per phase in brackets.
 enum MBarrier : int {
-  kMbFull = 0,          // + slot [256: wg 1, 2]: tile landed; one phase per use of the slot
+  kMbFull = 0,          // + slot [256: wg 1, 2]: tile landed (not the TMA form); one phase per use of the slot
   kMbPFull = 2,         // [128: wg 0]: P and alpha of tile t stored; phase t
   kMbPEmpty = 3,        // [256: wg 1, 2]: tile t's PV complete; phase t
   kMbFinal = 4,         // [128: wg 0]: the final (m, l) rows stored
-  kMbCount = 5,
+  kMbBlock = 5,         // + 9 slot + column block [1 + 8 KB of TMA bytes; the TMA form only]: that
+                        // block of the slot's tile landed; one phase per use of the slot
+  kMbCount = kMbBlock + 2 * kColBlocks,
 };
 
 struct Smem {
@@ -139,12 +153,37 @@ struct Smem {
 static_assert(Smem::kKv % 1024 == 0 && Smem::kP % 1024 == 0, "swizzle atoms are 1024-byte aligned");
 static_assert(Smem::kBars % 8 == 0, "mbarrier alignment");
 
+// P (A of PV: 64 heads x 64 keys, K-major, one 128-byte-swizzled column
+// block at p_smem). pk[2i + r] holds keys 8i + 2c, +1 of row 16 warp + g + 8r:
+// the m8n8 fragment (rows 16 warp + 8r .., keys 8i ..) in the mma layout, so
+// one stmatrix stores four of them: matrix m = lane / 8 is (i0 + m / 2, r =
+// m % 2), and lane gives the address of its row lane % 8.
+__device__ __forceinline__ void store_p(uint32_t p_smem, const uint32_t (&pk)[16], int warp, int lane) {
+  const int mat = lane >> 3, row = 16 * warp + 8 * (mat & 1) + (lane & 7);
+#pragma unroll
+  for (int i0 = 0; i0 < 8; i0 += 2) {
+    const int chunk = i0 + (mat >> 1);
+    const uint32_t addr = p_smem + row * 128 + ((chunk ^ (row & 7)) << 4);
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(pk[2 * i0]),
+                 "r"(pk[2 * i0 + 1]), "r"(pk[2 * i0 + 2]), "r"(pk[2 * i0 + 3])
+                 : "memory");
+  }
+}
+
 // Register budgets (setmaxnreg) where the value warpgroups stage codes in
 // registers (OCP fp8, MXFP4): they hold O (128) and the codes of the next
 // tile (36 fp8 / 27 MXFP4) besides their loop state, the score warpgroup S
 // (32) and the softmax state. 96 + 2 x 200 per thread of a warpgroup fits the
 // 168 x 384 the launch reserves. (bf16 keeps the launch's 168 everywhere.)
 constexpr int kFp8ScoreRegs = 96;
+// Lazy rescaling (log2 domain), as in the narrow kernels: the running
+// reference m_run moves only when a tile's maximum exceeds it by more than
+// this, so P = exp2(s - m_run) <= 2^8 (exact enough in bf16 / f16, far from
+// overflow) and most tiles need no O rescale in the value warpgroups.
+constexpr float kLazyLog2 = 8.f;
+// The rope column block (dims 512..575) is read by QK alone: wg 0 issues its
+// box of tile t + 2 as soon as QK(t) is complete, and QK starts each tile on it.
+constexpr int kRopeBlock = kColBlocks - 1;
 constexpr int kFp8ValueRegs = 200;
 
 // Trace builds (trace.cuh): 5 event clocks of 8 tiles for thread 0 (scores)
@@ -164,11 +203,15 @@ __device__ __forceinline__ long long* wide_trace_buffer() { return nullptr; }
 // decoded to bf16 as a tile is stored). fp8 and MXFP4 load the codes of tile
 // t+2 into registers one tile ahead (global loads, not cp.async: the
 // conversion needs them in registers).
-// bf16 here is the layouts TMA cannot address (a kv_indices list, a paged
-// block table): the value warpgroups copy tiles with cp.async. (bf16 on the
-// indptr layout runs the TMA form, wide_tma_kernel.cuh.)
-template <int kTileTokens, KvFormat F>
-__global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLaunch args) {
+// kTma (bf16, the indptr layout: Plan::tma_tiles): thread 128 lands each tile
+// by TMA, nine boxes of 64 keys x 64 dims through kv_map (tensor_map.h), each
+// completing its own block barrier, so QK's k-steps on a column block start
+// once that block is in; the split's last tile has the rows past its end
+// zeroed by wg 0 before PV (they hold another item's keys, or NaN). Without
+// kTma (kv_map unused) the value warpgroups copy tiles with cp.async.
+template <int kTileTokens, KvFormat F, bool kTma>
+__global__ void __launch_bounds__(kThreads, 1)
+    decode_wide_kernel(const DecodeLaunch args, const __grid_constant__ CodeTensorMap kv_map) {
   using TT = Tile<kTileTokens>;
   constexpr bool kFp8 = F == KvFormat::kFp8E4M3FN;  // also: f16 operands
   constexpr bool kMx = F == KvFormat::kMxfp4;
@@ -176,6 +219,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
 #if MLA_SM90A_DEVICE
   constexpr int kStages = TT::kStages;
   constexpr bool kRegLoads = kFp8 || kMx;  // codes through registers, decoded as a tile is stored
+  static_assert(!kTma || F == KvFormat::kBf16, "the TMA form is bf16's");
   extern __shared__ __align__(1024) uint8_t smem[];
   const MlaDecodeParams& p = args.p;
   const int tid = threadIdx.x;
@@ -206,7 +250,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
     mbar_init(mbar(kMbPFull), 128);
     mbar_init(mbar(kMbPEmpty), kLoaderThreads);
     mbar_init(mbar(kMbFinal), 128);
+    if constexpr (kTma) {
+      for (int i = 0; i < kStages * kColBlocks; ++i) mbar_init(mbar(kMbBlock + i), 1);
+      fence_mbarrier_init();  // TMA (the async proxy) completes them
+    }
   }
+  // The TMA form has no bad rows (indptr rows are checked per item): its
+  // flags stay zero.
+  if (kTma && tid < kStages * 8) flags[tid] = 0u;
   __syncthreads();  // the mbarriers are set up (every thread, one code location)
   // -DMLA_DECODE_TRACE only (trace.cuh): cycles of 8 mid-split tiles of CTA (0, 0)
   // at the hand-offs below, for thread 0 (scores) and thread 128 (values).
@@ -216,9 +267,18 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
   // Let the combine kernel (a programmatic dependent) start launching.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
-  // The indptr layout: the item's first cache row.
+  // The indptr layout: the item's first cache row (the TMA form's row coordinates).
   const bool contiguous = p.layout == KvLayout::kIndptr;
   const int64_t contiguous_base = (contiguous && !work.orphan) ? static_cast<int64_t>(__ldg(p.kv_indptr + work.b)) : 0;
+  // The TMA form: column block `blk` of the tile at cache row y into ring
+  // slot `slot`, completing that block's barrier (thread 128 issues blocks
+  // 0-7, and the rope block of tiles 0 and 1; thread 0 the rope block of
+  // later tiles).
+  auto issue_tma_block = [&](int slot, int blk, int y) {
+    const uint32_t bar = mbar(kMbBlock + kColBlocks * slot + blk);
+    mbar_arrive_expect_tx(bar, TT::kBlockBytes);
+    tma_load_2d(kv_smem + slot * TT::kStageBytes + blk * TT::kBlockBytes, &kv_map, 64 * blk, y, bar);
+  };
 
   if (wg == 0) {
     // ===================== scores and softmax ===============================
@@ -267,7 +327,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
       const int slot = t % kStages;
       const uint32_t stage = kv_smem + slot * TT::kStageBytes;
       const uint32_t phase = (t / kStages) & 1;
-      mbar_wait(mbar(kMbFull + slot), phase);  // tile t landed
+      if constexpr (!kTma) mbar_wait(mbar(kMbFull + slot), phase);  // tile t landed
       tiles.mark(t, 0);
 
       float s[TT::kAcc];
@@ -277,19 +337,31 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
       // start-address field, which cannot carry: addresses < 2^18).
       const uint64_t desc_q0 = smem_desc_sw128(q_smem, 16, kSwizzleGroupBytes);
       const uint64_t desc_k0 = smem_desc_sw128(stage, 16, kSwizzleGroupBytes);
+      // The TMA form starts on the rope block (landed since QK(t - 2)), so
+      // its first k-steps need not wait for the boxes issued after PV(t - 2).
 #pragma unroll
-      for (int ks = 0; ks < kHeadDimQK / 16; ++ks) {  // column block ks / 4, k-step ks % 4
+      for (int kk = 0; kk < kHeadDimQK / 16; ++kk) {
+        const int ks = kTma ? (kk + 4 * kRopeBlock) % (kHeadDimQK / 16) : kk;  // column block ks / 4, k-step ks % 4
         // (Computing each descriptor from its address instead takes ~11
         // instructions per wgmma.)
         const uint64_t desc_q = desc_q0 + (((ks / 4) * kQBlockBytes + (ks % 4) * 32) >> 4);
         const uint64_t desc_k = desc_k0 + (((ks / 4) * TT::kBlockBytes + (ks % 4) * 32) >> 4);
-        if (ks == 0) wgmma_m64n64k16_ss<kFp8, false>(s, desc_q, desc_k);
+        if constexpr (kTma) {
+          if (ks % 4 == 0) mbar_wait(mbar(kMbBlock + kColBlocks * slot + ks / 4), phase);  // block ks / 4 landed
+        }
+        if (kk == 0) wgmma_m64n64k16_ss<kFp8, false>(s, desc_q, desc_k);
         else wgmma_m64n64k16_ss<kFp8, true>(s, desc_q, desc_k);
       }
       wgmma_commit();
       wgmma_wait<0>();
       pin(s);
       tiles.mark(t, 1);
+      if constexpr (kTma) {
+        // QK(t) is done with the slot's rope block: tile t + 2's lands there now.
+        if (tid == 0 && t + kStages < n_tiles) {
+          issue_tma_block(slot, kRopeBlock, static_cast<int>(contiguous_base + kv_begin + (t + kStages) * kTileTokens));
+        }
+      }
 
       // Word w of the stage's flags: keys kTokensPerLoaderWarp w .., key k at bit kLoadersPerToken (k % ..).
       const uint32_t* bad_words = flags + slot * 8;
@@ -298,9 +370,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
       // s stays raw (scaled inside the exponent below; the scale is positive,
       // so the maximum is the same key), and a tile whose keys are all
       // visible and none bad (the same for every thread) skips the masks.
+      // (The TMA form has no bad rows: indptr rows are checked per item.)
       uint32_t any_bad = 0;
+      if constexpr (!kTma) {
 #pragma unroll
-      for (int w = 0; w < TT::kFlagWords; ++w) any_bad |= bad_words[w];
+        for (int w = 0; w < TT::kFlagWords; ++w) any_bad |= bad_words[w];
+      }
       const bool clean = tok0 + kTileTokens <= kv_end && any_bad == 0;
       if (clean) {
 #pragma unroll
@@ -327,14 +402,55 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
           }
         }
       }
-      float alpha[2];
-      uint32_t pk[kTileTokens / 4];  // 16-bit pairs: pk[2i + r] = columns 8i + 2c, +1 of row r0 + 8r
-      wide_softmax_tile<kFp8>(s, mx, row_scale, m_run, l_run, alpha, pk);
+      mx[0] *= row_scale[0];
+      mx[1] *= row_scale[1];
+      // Lazy rescaling (kLazyLog2): the quad's row maximum is formed only
+      // when some score of the warp exceeds its reference by more than the
+      // slack (NaN compares false: a NaN row keeps its reference and stays NaN).
+      float alpha[2] = {1.f, 1.f};
+      if (__any_sync(0xffffffffu, mx[0] > m_run[0] + kLazyLog2 || mx[1] > m_run[1] + kLazyLog2)) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+          if (mx[r] > m_run[r] + kLazyLog2) {  // the same for the row's four threads
+            alpha[r] = exp2f(m_run[r] - mx[r]);
+            m_run[r] = mx[r];
+          }
+        }
+      }
+      // -inf only while every key so far is masked: any finite reference
+      // then gives p = 0 and keeps O and l at 0.
+      const float m_ref[2] = {m_run[0] == -CUDART_INF_F ? 0.f : m_run[0], m_run[1] == -CUDART_INF_F ? 0.f : m_run[1]};
+      uint32_t pk[kTileTokens / 4];  // bf16 pairs: pk[2i + r] = columns 8i + 2c, +1 of row r0 + 8r
+      float sum[2] = {0.f, 0.f};
+#pragma unroll
+      for (int i = 0; i < kTileTokens / 8; ++i) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float p0 = exp2f(fmaf(s[4 * i + 2 * r], row_scale[r], -m_ref[r]));
+          const float p1 = exp2f(fmaf(s[4 * i + 2 * r + 1], row_scale[r], -m_ref[r]));
+          sum[r] += p0 + p1;
+          if constexpr (kFp8) {
+            const __half2 h = __floats2half2_rn(p0, p1);
+            pk[2 * i + r] = *reinterpret_cast<const uint32_t*>(&h);
+          } else {
+            pk[2 * i + r] = mla_pack_bf16x2(p0, p1);
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * alpha[r] + sum[r];
 
+      if constexpr (kTma) {
+        // The split's last tile: dims 0..511 of the rows past its end to zero
+        // (the fence before the P hand-off covers these stores).
+        zero_rows_past_split(stage, kv_end - tok0, tid, TT::kBlockBytes);
+      }
       tiles.mark(t, 2);
       if (t > 0) mbar_wait(mbar(kMbPEmpty), (t - 1) & 1);  // tile t-1's PV is done with P
       tiles.mark(t, 3);
-      store_p<kTileTokens / 8>(p_smem, pk, warp, lane);
+      store_p(p_smem, pk, warp, lane);
       if (c == 0) {
         alpha_smem[(t & 1) * kRows + r0] = alpha[0];
         alpha_smem[(t & 1) * kRows + r0 + 8] = alpha[1];
@@ -390,6 +506,15 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
       }
     }
     cp_async_commit();  // one group per tile, empty past the end
+  };
+  // The TMA form (thread 128): tile `tile`'s column blocks; from tile
+  // kStages on, the rope block is wg 0's (kRopeBlock).
+  auto issue_tma = [&](int tile) {
+    if (tile < n_tiles) {
+      const int y = static_cast<int>(contiguous_base + kv_begin + tile * kTileTokens);
+#pragma unroll
+      for (int blk = 0; blk < (tile < kStages ? kColBlocks : kRopeBlock); ++blk) issue_tma_block(tile % kStages, blk, y);
+    }
   };
   // fp8: the same thread-to-chunk map on the codes (16-byte chunk j of a row
   // is 16 codes, dims 16j..16j+15, which become the f16 chunks 2j and 2j+1),
@@ -458,6 +583,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
     fetch_tile(1);
     store_tile(1);
     fetch_tile(2);
+  } else if constexpr (kTma) {
+    if (tid == 128) {
+#pragma unroll
+      for (int j = 0; j < kStages; ++j) issue_tma(j);
+    }
   } else {
 #pragma unroll
     for (int j = 0; j < kStages; ++j) issue_tile(j);
@@ -500,7 +630,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
     }
     wgmma_commit();
     tiles.mark(t, 1);
-    if (!kRegLoads && t + 1 < n_tiles) {  // tile t+1 landed (tiles up to t + kStages - 1 may be pending): hand it to wg 0
+    if (!kRegLoads && !kTma && t + 1 < n_tiles) {  // tile t+1 landed (tiles up to t + kStages - 1 may be pending): hand it to wg 0
       cp_async_wait<kStages - 2>();
       fence_proxy_async_shared();
       mbar_arrive(mbar(kMbFull + (t + 1) % kStages));
@@ -515,19 +645,99 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wide_kernel(const DecodeLa
       store_tile(t + 2);  // into tile t's slot, from the codes fetched one iteration ago
       fetch_tile(t + 3);
     } else {
-      issue_tile(t + kStages);  // into tile t's slot
+      if constexpr (kTma) {
+        if (tid == 128) issue_tma(t + kStages);  // into tile t's slot
+      } else {
+        issue_tile(t + kStages);  // into tile t's slot
+      }
     }
     tiles.mark(t, 4);
   }
   cp_async_wait<0>();
 
-  // ---- epilogue: O / l (wide_common.cuh) ------------------------------------
+  // ---- epilogue: O / l -------------------------------------------------------
+  // Each thread holds two rows x 64 dims; written straight to global memory
+  // that is 64 stores of 4 or 8 bytes per thread, each warp store touching 8
+  // rows: ~12k cycles per CTA at 1 split (trace build, B = 64, kv 1024). So
+  // the rows go through the free ring in shared memory (padded rows, no bank
+  // conflicts) and leave as 16-byte stores of consecutive threads (full lines).
   // The ring is free: wg 0 waited for every tile to land before its QK and
   // arrives on final after its last; every product reading it is complete.
   mbar_wait(mbar(kMbFinal), 0);
   float inv[2];
-  wide_output_factors(final_l, r0, kFp8 ? __ldg(p.fp8_scale) : 1.f, work.orphan, inv);
-  store_wide_output(args, work, o, inv, smem + Smem::kKv, vwg, lt, r0, c, kBarValues);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float l = final_l[r0 + 8 * r];
+    inv[r] = l > 0.f ? 1.f / l : 0.f;
+    if constexpr (kFp8) inv[r] *= __ldg(p.fp8_scale);  // V's dequantisation
+    if (isnan(l) || work.orphan) inv[r] = CUDART_NAN_F;
+  }
+  const bool partials = args.num_splits > 1;
+  // bf16 out takes 16-byte stores only where its rows are 16-byte aligned.
+  const bool staged = partials || ((reinterpret_cast<uintptr_t>(p.out) & 15) == 0 && p.out_stride_token % 8 == 0 &&
+                                   p.out_stride_head % 8 == 0);
+  if (staged) {
+    uint8_t* const stage_out = smem + Smem::kKv;
+    if (!partials) {
+      uint8_t* const half = stage_out + vwg * kRows * kOutRowBf16;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          *reinterpret_cast<uint32_t*>(half + (r0 + 8 * r) * kOutRowBf16 + (8 * i + 2 * c) * 2) =
+              mla_pack_bf16x2(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
+        }
+      }
+    } else {
+      uint8_t* const half = stage_out + vwg * kRows * kOutRowF32;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          *reinterpret_cast<float2*>(half + (r0 + 8 * r) * kOutRowF32 + (8 * i + 2 * c) * 4) =
+              make_float2(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
+        }
+      }
+    }
+    bar_sync(kBarValues, kLoaderThreads);  // both halves of every row staged
+    // 16-byte chunk j of row `row`: chunks of one row are consecutive threads.
+    if (!partials) {
+      constexpr int kChunks = kHeadDimV * 2 / 16;  // 64 per row
+#pragma unroll 4
+      for (int j = lt; j < kRows * kChunks; j += kLoaderThreads) {
+        const int row = j / kChunks, chunk = j % kChunks, h = work.h0 + row;
+        if (h >= p.num_heads) continue;
+        const uint4 v = *reinterpret_cast<const uint4*>(stage_out + (chunk / (kChunks / 2)) * kRows * kOutRowBf16 +
+                                                        row * kOutRowBf16 + (chunk % (kChunks / 2)) * 16);
+        *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + static_cast<int64_t>(work.t) * p.out_stride_token +
+                                  static_cast<int64_t>(h) * p.out_stride_head + 8 * chunk) = v;
+      }
+    } else {
+      constexpr int kChunks = kHeadDimV * 4 / 16;  // 128 per row
+#pragma unroll 4
+      for (int j = lt; j < kRows * kChunks; j += kLoaderThreads) {
+        const int row = j / kChunks, chunk = j % kChunks, h = work.h0 + row;
+        if (h >= p.num_heads) continue;
+        const uint4 v = *reinterpret_cast<const uint4*>(stage_out + (chunk / (kChunks / 2)) * kRows * kOutRowF32 +
+                                                        row * kOutRowF32 + (chunk % (kChunks / 2)) * 16);
+        const int64_t out_row = static_cast<int64_t>(work.t) * p.num_heads + h;
+        *reinterpret_cast<uint4*>(args.partial_out + (static_cast<int64_t>(work.split) * rows + out_row) * kHeadDimV +
+                                  4 * chunk) = v;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int h = work.h0 + r0 + 8 * r;
+      if (h >= p.num_heads) continue;  // no shuffles below: skipping is safe
+      uint16_t* dst = static_cast<uint16_t*>(p.out) + static_cast<int64_t>(work.t) * p.out_stride_token +
+                      static_cast<int64_t>(h) * p.out_stride_head + 256 * vwg + 2 * c;
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        *reinterpret_cast<uint32_t*>(dst + 8 * i) = mla_pack_bf16x2(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
+      }
+    }
+  }
   tiles.done();
   tiles.write(wide_trace_buffer() + kTileTraceWords);
   }  // wg 1, 2

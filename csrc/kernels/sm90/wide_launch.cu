@@ -1,13 +1,10 @@
-// Launchers of the Hopper (sm_90a) wide kernels (H >= 64; the plan decides
-// when they run): the TMA form for bf16 on the indptr layout
-// (wide_tma_kernel.cuh), the three-role kernel for OCP fp8, MXFP4 and bf16 on
-// the other layouts (wide_kernel.cuh). NVIDIA only: on a ROCm build this
-// translation unit is empty.
+// Launcher of the Hopper (sm_90a) wide kernel (bf16, OCP fp8 and MXFP4 caches
+// with H >= 64; the plan decides when it runs). NVIDIA only: on a ROCm build
+// this translation unit is empty.
 #include "common/portability.h"
 #if !MLA_PLATFORM_HIP
 
 #include "kernels/sm90/wide_kernel.cuh"
-#include "kernels/sm90/wide_tma_kernel.cuh"
 #include "plan/kernel_geometry.h"
 
 namespace mla_decode {
@@ -16,19 +13,24 @@ namespace cuda {
 namespace {
 
 static_assert(sm90::wide::Smem::kTotal == plan::kWideSmemBytes, "plan/kernel_geometry.h: the wide kernel's layout");
-static_assert(sm90::wide_tma::Smem::kTotal == plan::kWideTmaSmemBytes,
-              "plan/kernel_geometry.h: the wide kernel's TMA form's layout");
 static_assert(sm90::wide::kTileTokensDefault == kHopperTileTokens, "the plan splits by 64-key tiles");
-static_assert(sm90::wide_tma::kSplitAlign == kHopperTileTokens, "the plan splits by 64-key chunks");
 
-template <KvFormat F>
+// kTma: bf16 tiles by TMA (Plan::tma_tiles), through a map of the cache
+// rows encoded here for each call; the other forms get an unused zero map.
+template <KvFormat F, bool kTma>
 cudaError_t launch_wide_format(const DecodeLaunch& args, cudaStream_t stream) {
   constexpr int kTileTokens = sm90::wide::kTileTokensDefault;
   constexpr int kSmem = sm90::wide::Smem::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
+  sm90::CodeTensorMap map{};
+  if (kTma) {
+    const cudaError_t err = sm90::encode_code_map(args.p, &map);
+    if (err != cudaSuccess) return err;
+  }
   static unsigned long long configured_devices = 0;
-  const cudaError_t err = launch_with_dynamic_smem(sm90::wide::decode_wide_kernel<kTileTokens, F>, split_grid(args),
-                                                   sm90::wide::kThreads, kSmem, configured_devices, stream, args);
+  const cudaError_t err =
+      launch_with_dynamic_smem(sm90::wide::decode_wide_kernel<kTileTokens, F, kTma>, split_grid(args),
+                               sm90::wide::kThreads, kSmem, configured_devices, stream, args, map);
 #if MLA_TRACE_ENABLED
   // Trace builds: print CTA (0, 0)'s tile clocks (trace.cuh, TileTrace).
   if (err == cudaSuccess) {
@@ -42,27 +44,15 @@ cudaError_t launch_wide_format(const DecodeLaunch& args, cudaStream_t stream) {
   return err;
 }
 
-// bf16 tiles by TMA (Plan::tma_tiles), through a map of the cache rows
-// encoded here for each call.
-cudaError_t launch_wide_tma(const DecodeLaunch& args, cudaStream_t stream) {
-  constexpr int kSmem = sm90::wide_tma::Smem::kTotal;
-  static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
-  sm90::CodeTensorMap map{};
-  const cudaError_t map_err = sm90::encode_code_map(args.p, sm90::wide_tma::kTileTokens, &map);
-  if (map_err != cudaSuccess) return map_err;
-  static unsigned long long configured_devices = 0;
-  return launch_with_dynamic_smem(sm90::wide_tma::decode_wide_tma_kernel, split_grid(args), sm90::wide_tma::kThreads,
-                                  kSmem, configured_devices, stream, args, map);
-}
-
 }  // namespace
 
 cudaError_t launch_wide(const DecodeLaunch& args, cudaStream_t stream) {
   switch (args.p.format) {
     case KvFormat::kBf16:
-      return args.tma_tiles ? launch_wide_tma(args, stream) : launch_wide_format<KvFormat::kBf16>(args, stream);
-    case KvFormat::kFp8E4M3FN: return launch_wide_format<KvFormat::kFp8E4M3FN>(args, stream);
-    case KvFormat::kMxfp4: return launch_wide_format<KvFormat::kMxfp4>(args, stream);
+      return args.tma_tiles ? launch_wide_format<KvFormat::kBf16, true>(args, stream)
+                            : launch_wide_format<KvFormat::kBf16, false>(args, stream);
+    case KvFormat::kFp8E4M3FN: return launch_wide_format<KvFormat::kFp8E4M3FN, false>(args, stream);
+    case KvFormat::kMxfp4: return launch_wide_format<KvFormat::kMxfp4, false>(args, stream);
     default: return cudaErrorInvalidValue;  // a planning bug, reported by the dispatcher
   }
 }
