@@ -218,7 +218,7 @@ def test_wide_heads(fmt, num_heads, num_splits):
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8", "mxfp4"])
-@pytest.mark.parametrize("layout", ["indptr", "indices", "paged"])  # bf16 indptr: the TMA form (wide_tma_kernel.cuh)
+@pytest.mark.parametrize("layout", ["indptr", "indices", "paged"])  # bf16 indptr: the wide kernel's TMA form
 def test_wide_heads_long_and_causal(fmt, layout):
     case = make_case(fmt, layout, 128, 3, [4100, 70], seed=91, device=DEV, page_size=64)
     check_every_kernel(case)
