@@ -88,15 +88,8 @@ __device__ __forceinline__ void st_shared_v4(uint32_t addr, const uint32_t* w) {
                : "memory");
 }
 
-// Four 8x8 b16 matrices (register i: matrix i, lane (g, c) its row g,
-// elements 2c and 2c + 1): lane l supplies the row address of matrix l/8,
-// row l%8.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-// The same, transposed.
+// Four transposed 8x8 b16 matrices: lane l supplies the row address of
+// matrix l/8, row l%8.
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

@@ -214,17 +214,6 @@ __device__ __forceinline__ void wgmma_m64n16k16_ss(float (&d)[8], uint64_t desc_
 #endif
 }
 
-// d (64 x 64 fp32) += A (64 x 16 bf16, registers) * B (16 x 64 bf16, shared,
-// K-major); A is the fragment of wgmma_m64n16k16_f16_rs below.
-__device__ __forceinline__ void wgmma_m64n64k16_bf16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
-#if MLA_SM90A_DEVICE
-  asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" MLA_WGMMA_R32
-               "}, {%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n"
-               : MLA_WGMMA_D32
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-#endif
-}
-
 // d (64 x 16 fp32) += A (64 x 16 f16, registers) * B (16 x 16 f16, shared,
 // K-major). A is the mma.sync m16n8k16 fragment of the warp's 16 rows:
 // a0 = (row g, k 2c..2c+1), a1 = (row g+8, k 2c..), a2 = (row g, k 8+2c..),
@@ -279,24 +268,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "r"(bar), "r"(parity)
         : "memory");
   } while (done == 0);
-#endif
-}
-
-// mbar_wait for a whole warp, polled until every lane has seen the phase
-// complete, so the retry branch is warp-uniform: ptxas keeps register-sourced
-// wgmmas in flight across it, where a per-lane retry loop between them makes it
-// inject a warpgroup.arrive (C7519) or serialise them (C7514 / C7520). All 32
-// lanes call it.
-__device__ __forceinline__ void mbar_wait_warp(uint32_t bar, uint32_t parity) {
-#if MLA_SM90A_DEVICE
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!__all_sync(0xffffffffu, done != 0));
 #endif
 }
 

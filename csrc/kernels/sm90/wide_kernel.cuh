@@ -185,14 +185,6 @@ constexpr float kLazyLog2 = 8.f;
 // box of tile t + 2 as soon as QK(t) is complete, and QK starts each tile on it.
 constexpr int kRopeBlock = kColBlocks - 1;
 constexpr int kFp8ValueRegs = 200;
-// The TMA form (bf16) holds Q's first kQRegSteps k-steps (16 dims each) in the
-// score warpgroup's registers as wgmma A fragments (4 per k-step), so QK reads
-// only K (and Q's remaining k-steps) from shared memory: a 64-key tile's QK
-// otherwise reads Q's 72 KB besides K's 72 KB. Register budgets: 184 for the
-// score warpgroup, 160 for each value warpgroup (O is 128).
-constexpr int kQRegSteps = 28;
-constexpr int kTmaScoreRegs = 184;
-constexpr int kTmaValueRegs = 160;
 
 // Trace builds (trace.cuh): 5 event clocks of 8 tiles for thread 0 (scores)
 // and thread 128 (values) of CTA (0, 0); wide_launch.cu prints them.
@@ -291,7 +283,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     // ===================== scores and softmax ===============================
     if constexpr (kRegLoads) setmaxnreg_dec<kFp8ScoreRegs>();
-    if constexpr (kTma) setmaxnreg_inc<kTmaScoreRegs>();
     // Q: thread tid copies row tid / 2, chunks tid % 2 + 2m; heads past H
     // (and every head of an orphan token) are zero.
     {
@@ -312,17 +303,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       if constexpr (kFp8) scale_q_row_to_f16<2>(q_smem, row, c2, kQBlockBytes, q_scale);
       fence_proxy_async_shared();
       bar_sync(kBarQ, 128);
-    }
-    // The TMA form: Q's k-steps 0 .. kQRegSteps-1 as A fragments (ldmatrix:
-    // matrix m = lane / 8 is rows 16 warp + 8 (m % 2) .., k 8 (m / 2) ..).
-    uint32_t qa[kTma ? kQRegSteps : 1][4];
-    if constexpr (kTma) {
-      const int q_row = 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
-#pragma unroll
-      for (int ks = 0; ks < kQRegSteps; ++ks) {
-        const int chunk = 2 * (ks % 4) + (lane >> 4);
-        ldmatrix_x4(qa[ks], q_smem + (ks / 4) * kQBlockBytes + q_row * 128 + ((chunk ^ (q_row & 7)) << 4));
-      }
     }
 
     // A thread holds accumulator rows r0 = 16 warp + g and r0 + 8, columns
@@ -367,10 +347,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint64_t desc_q = desc_q0 + (((ks / 4) * kQBlockBytes + (ks % 4) * 32) >> 4);
         const uint64_t desc_k = desc_k0 + (((ks / 4) * TT::kBlockBytes + (ks % 4) * 32) >> 4);
         if constexpr (kTma) {
-          if (ks % 4 == 0) mbar_wait_warp(mbar(kMbBlock + kColBlocks * slot + ks / 4), phase);  // block ks / 4 landed
+          if (ks % 4 == 0) mbar_wait(mbar(kMbBlock + kColBlocks * slot + ks / 4), phase);  // block ks / 4 landed
         }
         if (kk == 0) wgmma_m64n64k16_ss<kFp8, false>(s, desc_q, desc_k);
-        else if (kTma && ks < kQRegSteps) wgmma_m64n64k16_bf16_rs(s, qa[kTma ? ks : 0], desc_k);
         else wgmma_m64n64k16_ss<kFp8, true>(s, desc_q, desc_k);
       }
       wgmma_commit();
@@ -502,7 +481,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   // ===================== values and loads (wg 1, 2) ===========================
   // (wg 0 does not return early: every warp stays to the end of the kernel.)
   if constexpr (kRegLoads) setmaxnreg_inc<kFp8ValueRegs>();
-  if constexpr (kTma) setmaxnreg_dec<kTmaValueRegs>();
   // Loader: thread lt copies key lt / kLoadersPerToken of a tile, chunks
   // lt % kLoadersPerToken + kLoadersPerToken m: a warp reads 8 rows x 64
   // contiguous bytes per instruction.
