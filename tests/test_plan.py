@@ -55,10 +55,9 @@ COMPETITION = {
             (32, 8192): ("narrow_register_v+stream", 4), (64, 1024): ("narrow_register_v+stream", 2),
             (64, 8192): ("narrow_register_v", 2), (256, 1024): ("narrow_register_v+stream", 1),
             (256, 8192): ("narrow_register_v", 1)},
-    "mxfp4": {(4, 1024): ("mma_sync", 32), (4, 8192): ("narrow_register_v+stream", 32),
-              (32, 1024): ("narrow_register_v+stream", 4), (32, 8192): ("narrow_register_v+stream", 4),
-              (64, 1024): ("narrow_register_v+stream", 2), (64, 8192): ("narrow_register_v+stream", 2),
-              (256, 1024): ("narrow_register_v+stream", 1), (256, 8192): ("narrow_register_v", 1)},
+    "mxfp4": {(4, 1024): ("mma_sync", 32), (4, 8192): ("narrow", 32), (32, 1024): ("narrow", 4),
+              (32, 8192): ("narrow", 4), (64, 1024): ("narrow", 2), (64, 8192): ("narrow", 2),
+              (256, 1024): ("narrow", 1), (256, 8192): ("narrow", 1)},
 }
 
 # The H = 128 sweep (DeepSeek without tensor parallelism on attention).
@@ -174,11 +173,8 @@ def test_forced_kernels():
     assert p.kernel == "narrow" and p.error is None and p.why == "forced by the overrides"
     p = plan_of(4, 1024, "bf16", overrides={"kernel": "wide"})
     assert p.error is not None and "H >= 64" in p.error
-    p = plan_of(4, 1024, "bf16", overrides={"kernel": "narrow_register_v"})
-    assert "OCP fp8 (e4m3fn) or MXFP4" in p.error
     p = plan_of(4, 1024, "mxfp4", overrides={"kernel": "narrow_register_v"})
-    assert p.error is None and (p.smem_bytes, p.tma_tiles) == (191608, True)
-    assert "TMA" in plan_of(4, 1024, "mxfp4", layout="paged", overrides={"kernel": "narrow_register_v"}).error
+    assert "OCP fp8" in p.error
     p = plan_of(4, 1024, "bf16", heads=128, overrides={"kernel": "mfma"})
     assert "AMD" in p.error
     # forcing the plan's own choice changes nothing but the reason

@@ -15,7 +15,6 @@ namespace plan {
 constexpr int kWideSmemBytes = 230904;             // sm90::wide::Smem::kTotal
 constexpr int kNarrowSmemBytes = 168864;           // sm90::narrow::Smem::kTotal
 constexpr int kNarrowRegisterVSmemBytes = 189560;  // sm90::narrow_fp8::Smem::kTotal
-constexpr int kNarrowRegisterMxSmemBytes = 191608;  // sm90::narrow_mx::Smem::kTotal
 
 // Cache row bytes of each format.
 constexpr int64_t row_bytes(KvFormat f) {

@@ -68,11 +68,6 @@ const char* why_not_hopper(const MlaDecodeParams& p, const DeviceFacts& d, int s
 
 bool one_of(KvFormat f, KvFormat a, KvFormat b, KvFormat c) { return f == a || f == b || f == c; }
 
-// The register-V kernel's shared memory: its OCP fp8 and MXFP4 forms differ.
-int narrow_register_v_smem_bytes(KvFormat f) {
-  return f == KvFormat::kMxfp4 ? kNarrowRegisterMxSmemBytes : kNarrowRegisterVSmemBytes;
-}
-
 // The split count and head groups, from shapes only.
 //   ctas_per_sm:   CTAs of the split kernel that fit on an SM;
 //   tile_tokens:   the split granularity (keys): the fewest keys a split gets;
@@ -195,7 +190,7 @@ Plan narrow_plan(const MlaDecodeParams& p, const DeviceFacts& d, int requested_s
   plan.kernel = kernel;
   plan.stream_kv = stream;
   plan.tma_tiles = kernel == Kernel::kNarrowRegisterV || p.format == KvFormat::kBf16;
-  plan.smem_bytes = kernel == Kernel::kNarrowRegisterV ? narrow_register_v_smem_bytes(p.format) : kNarrowSmemBytes;
+  plan.smem_bytes = kernel == Kernel::kNarrowRegisterV ? kNarrowRegisterVSmemBytes : kNarrowSmemBytes;
   return plan;
 }
 
@@ -294,9 +289,9 @@ const char* why_not(Kernel kernel, const MlaDecodeParams& p, const DeviceFacts& 
       return why_not_tma_rows(p, d);  // bf16 tiles land by TMA
     }
     case Kernel::kNarrowRegisterV: {
-      if (f != KvFormat::kFp8E4M3FN && f != KvFormat::kMxfp4) return "it reads OCP fp8 (e4m3fn) or MXFP4 codes only";
+      if (f != KvFormat::kFp8E4M3FN) return "it reads OCP fp8 (e4m3fn) codes only";
       if (p.num_heads >= kWideRows) return "it needs H < 64 (the wide kernel's range starts at 64)";
-      const char* hopper = why_not_hopper(p, d, narrow_register_v_smem_bytes(f));
+      const char* hopper = why_not_hopper(p, d, kNarrowRegisterVSmemBytes);
       return hopper != nullptr ? hopper : why_not_tma_rows(p, d);
     }
   }
@@ -331,7 +326,7 @@ Plan make_plan(const MlaDecodeParams& p, const DeviceFacts& device, const Overri
     const bool stream = narrow_ok && tma && stream_hint_pays_off(p, d);
     if (narrow_ok && narrow_pays_off(p, register_v, stream)) {
       plan = narrow_plan(p, d, splits, register_v ? Kernel::kNarrowRegisterV : Kernel::kNarrow, stream);
-      plan.why = register_v ? "OCP fp8 or MXFP4 with H < 64 on Hopper, rows TMA can address, enough work for the register-V kernel"
+      plan.why = register_v ? "OCP fp8 with H < 64 on Hopper, rows TMA can address, enough work for the register-V kernel"
                             : "H < 64 on Hopper, and enough work (size thresholds in plan/tuning.h) for the narrow kernel";
     } else {
       plan = mma_sync_plan(p, d, splits);

@@ -29,7 +29,7 @@ cudaError_t launch_split_kernel(Kernel kernel, const DecodeLaunch& args, cudaStr
       if (kHopperFormat) return launch_narrow(args, stream);
       break;
     case Kernel::kNarrowRegisterV:
-      if (F == KvFormat::kFp8E4M3FN || F == KvFormat::kMxfp4) return launch_narrow_register_v(args, stream);
+      if (F == KvFormat::kFp8E4M3FN) return launch_narrow_register_v(args, stream);
       break;
     default: break;
   }

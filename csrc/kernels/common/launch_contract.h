@@ -46,8 +46,8 @@ cudaError_t launch_mfma(const DecodeLaunch& args, cudaStream_t stream);  // kern
 template <KvFormat F>
 cudaError_t launch_mma_sync(const DecodeLaunch& args, cudaStream_t stream);  // kernels/sm80
 cudaError_t launch_wide(const DecodeLaunch& args, cudaStream_t stream);      // kernels/sm90/wide_launch.cu
-// kernels/sm90/narrow_launch.cu: the narrow kernel, and its register-V forms
-// (OCP fp8 and MXFP4, codes landed by TMA).
+// kernels/sm90/narrow_launch.cu: the narrow kernel, and its register-V form
+// (OCP fp8, codes landed by TMA).
 cudaError_t launch_narrow(const DecodeLaunch& args, cudaStream_t stream);
 cudaError_t launch_narrow_register_v(const DecodeLaunch& args, cudaStream_t stream);
 

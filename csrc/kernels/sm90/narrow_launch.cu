@@ -1,13 +1,11 @@
 // Launchers of the Hopper (sm_90a) narrow kernels (H < 64; the plan decides
 // when they run): the narrow kernel (bf16 tiles landed by TMA, OCP fp8 and
-// MXFP4 decoded by producer warpgroups) and its register-V forms for OCP fp8
-// and MXFP4.
+// MXFP4 decoded by producer warpgroups) and its register-V form for OCP fp8.
 // NVIDIA only: on a ROCm build this translation unit is empty.
 #include "common/portability.h"
 #if !MLA_PLATFORM_HIP
 
 
-#include "kernels/sm90/narrow_register_mx_kernel.cuh"
 #include "kernels/sm90/narrow_register_v_kernel.cuh"  // includes the narrow kernel
 #include "plan/kernel_geometry.h"
 
@@ -19,8 +17,6 @@ namespace {
 static_assert(sm90::narrow::Smem::kTotal == plan::kNarrowSmemBytes, "plan/kernel_geometry.h: the narrow layout");
 static_assert(sm90::narrow_fp8::Smem::kTotal == plan::kNarrowRegisterVSmemBytes,
               "plan/kernel_geometry.h: the register-V layout");
-static_assert(sm90::narrow_mx::Smem::kTotal == plan::kNarrowRegisterMxSmemBytes,
-              "plan/kernel_geometry.h: the MXFP4 register form's layout");
 static_assert(sm90::narrow::kTileTokens == kHopperTileTokens, "the plan splits by 64-key tiles");
 
 // The narrow kernel proper (fp8 with the f16 QK and MXFP4: producers' decode;
@@ -56,18 +52,10 @@ cudaError_t launch_narrow(const DecodeLaunch& args, cudaStream_t stream) {
 }
 
 cudaError_t launch_narrow_register_v(const DecodeLaunch& args, cudaStream_t stream) {
-  const bool mx = args.p.format == KvFormat::kMxfp4;
-  if (!mx && args.p.format != KvFormat::kFp8E4M3FN) return cudaErrorInvalidValue;  // a planning bug
+  if (args.p.format != KvFormat::kFp8E4M3FN) return cudaErrorInvalidValue;  // a planning bug
   sm90::CodeTensorMap map{};
   const cudaError_t err = sm90::encode_code_map(args.p, &map);
   if (err != cudaSuccess) return err;
-  if (mx) {
-    constexpr int kSmem = sm90::narrow_mx::Smem::kTotal;
-    static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
-    static unsigned long long configured_devices = 0;
-    return launch_with_dynamic_smem(sm90::narrow_mx::decode_narrow_mx_kernel, split_grid(args),
-                                    sm90::narrow_mx::kThreads, kSmem, configured_devices, stream, args, map);
-  }
   constexpr int kSmem = sm90::narrow_fp8::Smem::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
   static unsigned long long configured_devices = 0;

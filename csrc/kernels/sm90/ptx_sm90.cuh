@@ -227,16 +227,6 @@ __device__ __forceinline__ void wgmma_m64n16k16_f16_rs(float (&d)[8], const uint
 #endif
 }
 
-// The same with bf16 operands.
-__device__ __forceinline__ void wgmma_m64n16k16_bf16_rs(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b) {
-#if MLA_SM90A_DEVICE
-  asm volatile("wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {" MLA_WGMMA_R8
-               "}, {%8, %9, %10, %11}, %12, 1, 1, 1, 0;\n"
-               : MLA_WGMMA_D8
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-#endif
-}
-
 // Keeps the compiler from moving reads or writes of a register that an
 // in-flight wgmma uses across this point (wgmma is asynchronous; the compiler
 // only sees the asm statement that issues it).

@@ -48,8 +48,7 @@ cudaError_t encode_code_map(const MlaDecodeParams& p, CodeTensorMap* map) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   const bool bf16 = p.format == KvFormat::kBf16;
-  const cuuint64_t row_elems = p.format == KvFormat::kMxfp4 ? kMxfp4RowBytes : kHeadDimQK;  // bf16: elements
-  const cuuint64_t dims[2] = {row_elems, static_cast<cuuint64_t>(p.num_cache_rows)};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kHeadDimQK), static_cast<cuuint64_t>(p.num_cache_rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.kv_row_stride_bytes)};
   const cuuint32_t box[2] = {bf16 ? 64u : 128u, static_cast<cuuint32_t>(64u)};
   const cuuint32_t elem_strides[2] = {1, 1};
