@@ -88,13 +88,6 @@ __device__ __forceinline__ void st_shared_v4(uint32_t addr, const uint32_t* w) {
                : "memory");
 }
 
-// Four 8x8 b16 matrices: lane l supplies the row address of matrix l/8, row
-// l%8; lane l receives elements (l/4, 2 (l%4)), (l/4, 2 (l%4) + 1) of each.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
 // Four transposed 8x8 b16 matrices: lane l supplies the row address of
 // matrix l/8, row l%8.
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {

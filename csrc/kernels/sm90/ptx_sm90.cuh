@@ -196,24 +196,6 @@ __device__ __forceinline__ void wgmma_m64n256k16_ss_tnspb(float (&d)[128], uint6
   }
 #endif
 }
-// d (64 x 256 fp32) += A (64 x 16, registers: the m16n8k16 fragment of the
-// warp's 16 rows, see wgmma_m64n16k16_f16_rs) * B (16 x 256, shared, N-major).
-template <bool kF16>
-__device__ __forceinline__ void wgmma_m64n256k16_rs_tnspb(float (&d)[128], const uint32_t (&a)[4], uint64_t desc_b) {
-#if MLA_SM90A_DEVICE
-  if constexpr (kF16) {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {" MLA_WGMMA_R128
-                 "}, {%128, %129, %130, %131}, %132, 1, 1, 1, 1;\n"
-                 : MLA_WGMMA_D128
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-  } else {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" MLA_WGMMA_R128
-                 "}, {%128, %129, %130, %131}, %132, 1, 1, 1, 1;\n"
-                 : MLA_WGMMA_D128
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-  }
-#endif
-}
 // d (64 x 16 fp32) (+)= A (64 x 16, shared) * B (16 x 16, shared, K-major), bf16
 // or f16 operands; kTnspA reads A M-major (the narrow kernel's V^T: the stored
 // key tile, dims contiguous, read with keys as K).

@@ -14,14 +14,12 @@
 // (shared memory).
 //   wg 0 (scores):   S = Q K^T for a 64-token tile (wgmma m64n64k16, 36
 //                    k-steps, Q and K both K-major in shared memory), the
-//                    lazily rescaled reference (kLazyLog2) and the per-row
-//                    rescale factor alpha, and s' = S scale - reference
-//                    (f16, <= kLazyLog2) to shared memory; in the TMA form
+//                    online softmax in registers with lazy rescaling
+//                    (kLazyLog2), P (bf16; f16 for fp8) and the per-row
+//                    rescale factor alpha to shared memory; in the TMA form
 //                    also the rope block's box of tile t+2 (kRopeBlock).
-//   wg 1, 2 (values): s' by ldmatrix, P = exp2(s') and the row sums in
-//                    registers (both warpgroups, the same values), O = alpha
-//                    O + P V for value dims [256 (wg - 1), +256) (wgmma
-//                    m64n256k16, 4 k-steps, P from registers, V N-major: the
+//   wg 1, 2 (values): O = alpha O + P V for value dims [256 (wg - 1), +256)
+//                    (wgmma m64n256k16, 4 k-steps, P K-major, V N-major: the
 //                    same stored tile read transposed), and all the loads of
 //                    K/V tiles (bf16 on the indptr layout: thread 128 issues
 //                    a tile's nine TMA boxes; bf16 otherwise: cp.async of
@@ -32,7 +30,7 @@
 //                    scaled per head into f16; MXFP4 decoded with its block
 //                    scales to bf16, whose range they need).
 // So tile t's scores (wg 0) run while tile t-1's values (wg 1, 2) run, and
-// the tensor cores see both; the exponentials are off the score chain.
+// the tensor cores see both.
 //
 // Shared memory (all operands 128-byte swizzled, see ptx_sm90.cuh):
 //   Q        64 heads x 576 dims, 9 column blocks of 64 dims (8 KB each)
@@ -40,7 +38,7 @@
 //            split or with a bad index are zero-filled (PV multiplies every
 //            row by its P, so they must hold finite values; the TMA form
 //            zeroes the last tile's rows past the split after its QK)
-//   P        s': 64 heads x 64 keys f16 (one column block), alpha[2][64]
+//   P        64 heads x 64 keys bf16 (one column block), alpha[2][64]
 // 230,904 bytes (225.5 KiB) in all (Smem below). The epilogue reuses the
 // ring to stage O for 16-byte stores.
 //
@@ -57,13 +55,12 @@
 //               count: thread 128's, thread 0's for the rope block from tile
 //               2 on), and wg 0 waits for column block j before QK's four
 //               k-steps on it, so the products start as the tile lands.
-//   p_full      wg 0 arrives once s' and alpha of tile t are stored; wg 1, 2
-//               wait before reading them.
-//   p_empty     wg 1, 2 arrive once they have read s' and alpha of tile t
-//               (ldmatrix); wg 0 waits before storing s' of tile t+1 (alpha
-//               is double-buffered).
-//   final       wg 0 arrives with the final references m stored (wg 1
-//               stores the LSE: the value warpgroups hold the sums).
+//   p_full      wg 0 arrives once P and alpha of tile t are stored (and fenced
+//               for the tensor cores); wg 1, 2 wait before rescaling O and
+//               issuing PV.
+//   p_empty     wg 1, 2 arrive when tile t's PV is complete; wg 0 waits
+//               before storing P of tile t+1 (alpha is double-buffered).
+//   final       wg 0 arrives with the final (m, l) rows stored.
 // Named barriers only among threads running the same code: kBarValues (wg 1
 // and 2 finished tile t's PV before either refills its slot) and kBarQ.
 #pragma once
@@ -134,7 +131,7 @@ enum NamedBarrier : int {
 enum MBarrier : int {
   kMbFull = 0,          // + slot [256: wg 1, 2]: tile landed (not the TMA form); one phase per use of the slot
   kMbPFull = 2,         // [128: wg 0]: P and alpha of tile t stored; phase t
-  kMbPEmpty = 3,        // [256: wg 1, 2]: s' of tile t read (ldmatrix); phase t
+  kMbPEmpty = 3,        // [256: wg 1, 2]: tile t's PV complete; phase t
   kMbFinal = 4,         // [128: wg 0]: the final (m, l) rows stored
   kMbBlock = 5,         // + 9 slot + column block [1 + 8 KB of TMA bytes; the TMA form only]: that
                         // block of the slot's tile landed; one phase per use of the slot
@@ -147,7 +144,8 @@ struct Smem {
   static constexpr int kP = kKv + kRingBytes;          // 64 x 64 bf16: one column block
   static constexpr int kAlpha = kP + kQBlockBytes;     // [2][64] fp32: tile t's at [t % 2]
   static constexpr int kFinalM = kAlpha + 2 * kRows * 4;  // [64] fp32
-  static constexpr int kFlags = kFinalM + kRows * 4;   // [2 stages][8] u32: bad-row bits
+  static constexpr int kFinalL = kFinalM + kRows * 4;  // [64] fp32
+  static constexpr int kFlags = kFinalL + kRows * 4;   // [2 stages][8] u32: bad-row bits
   static constexpr int kBars = kFlags + 2 * 8 * 4;     // [kMbCount] mbarriers
   static constexpr int kQScale = kBars + kMbCount * 8;  // [64] fp32: fp8's per-head 2^-e of Q
   static constexpr int kTotal = kQScale + kRows * 4;
@@ -172,12 +170,12 @@ __device__ __forceinline__ void store_p(uint32_t p_smem, const uint32_t (&pk)[16
   }
 }
 
-// Register budgets (setmaxnreg): the value warpgroups hold O (128) and P (16),
-// for OCP fp8 and MXFP4 also the codes of the next tile (36 fp8 / 27 MXFP4),
-// besides their loop state; the score warpgroup S (32) and the softmax state.
-// 88 + 2 x 208 per thread of a warpgroup fits the 168 x 384 the launch
-// reserves.
-constexpr int kFp8ScoreRegs = 88;
+// Register budgets (setmaxnreg) where the value warpgroups stage codes in
+// registers (OCP fp8, MXFP4): they hold O (128) and the codes of the next
+// tile (36 fp8 / 27 MXFP4) besides their loop state, the score warpgroup S
+// (32) and the softmax state. 96 + 2 x 200 per thread of a warpgroup fits the
+// 168 x 384 the launch reserves. (bf16 keeps the launch's 168 everywhere.)
+constexpr int kFp8ScoreRegs = 96;
 // Lazy rescaling (log2 domain), as in the narrow kernels: the running
 // reference m_run moves only when a tile's maximum exceeds it by more than
 // this, so P = exp2(s - m_run) <= 2^8 (exact enough in bf16 / f16, far from
@@ -186,7 +184,7 @@ constexpr float kLazyLog2 = 8.f;
 // The rope column block (dims 512..575) is read by QK alone: wg 0 issues its
 // box of tile t + 2 as soon as QK(t) is complete, and QK starts each tile on it.
 constexpr int kRopeBlock = kColBlocks - 1;
-constexpr int kFp8ValueRegs = 208;
+constexpr int kFp8ValueRegs = 200;
 
 // Trace builds (trace.cuh): 5 event clocks of 8 tiles for thread 0 (scores)
 // and thread 128 (values) of CTA (0, 0); wide_launch.cu prints them.
@@ -237,6 +235,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t p_smem = smem_base + Smem::kP;
   float* alpha_smem = reinterpret_cast<float*>(smem + Smem::kAlpha);
   float* final_m = reinterpret_cast<float*>(smem + Smem::kFinalM);
+  float* final_l = reinterpret_cast<float*>(smem + Smem::kFinalL);
   uint32_t* flags = reinterpret_cast<uint32_t*>(smem + Smem::kFlags);
   float* q_scale = reinterpret_cast<float*>(smem + Smem::kQScale);
 
@@ -283,7 +282,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == 0) {
     // ===================== scores and softmax ===============================
-    setmaxnreg_dec<kFp8ScoreRegs>();
+    if constexpr (kRegLoads) setmaxnreg_dec<kFp8ScoreRegs>();
     // Q: thread tid copies row tid / 2, chunks tid % 2 + 2m; heads past H
     // (and every head of an orphan token) are zero.
     {
@@ -323,6 +322,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     float m_run[2] = {-CUDART_INF_F, -CUDART_INF_F};
+    float l_run[2] = {0.f, 0.f};  // this thread's 16 columns; the quad's sum at the end
     for (int t = 0; t < n_tiles; ++t) {
       const int slot = t % kStages;
       const uint32_t stage = kv_smem + slot * TT::kStageBytes;
@@ -422,19 +422,25 @@ __global__ void __launch_bounds__(kThreads, 1)
       // -inf only while every key so far is masked: any finite reference
       // then gives p = 0 and keeps O and l at 0.
       const float m_ref[2] = {m_run[0] == -CUDART_INF_F ? 0.f : m_run[0], m_run[1] == -CUDART_INF_F ? 0.f : m_run[1]};
-      // The log2-domain scores relative to the reference, s' = s scale - m_ref
-      // <= kLazyLog2, as f16 pairs: pk[2i + r] = columns 8i + 2c, +1 of row
-      // r0 + 8r. The value warpgroups take P = exp2(s') from them.
-      uint32_t pk[kTileTokens / 4];
+      uint32_t pk[kTileTokens / 4];  // bf16 pairs: pk[2i + r] = columns 8i + 2c, +1 of row r0 + 8r
+      float sum[2] = {0.f, 0.f};
 #pragma unroll
       for (int i = 0; i < kTileTokens / 8; ++i) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const __half2 h = __floats2half2_rn(fmaf(s[4 * i + 2 * r], row_scale[r], -m_ref[r]),
-                                              fmaf(s[4 * i + 2 * r + 1], row_scale[r], -m_ref[r]));
-          pk[2 * i + r] = *reinterpret_cast<const uint32_t*>(&h);
+          const float p0 = exp2f(fmaf(s[4 * i + 2 * r], row_scale[r], -m_ref[r]));
+          const float p1 = exp2f(fmaf(s[4 * i + 2 * r + 1], row_scale[r], -m_ref[r]));
+          sum[r] += p0 + p1;
+          if constexpr (kFp8) {
+            const __half2 h = __floats2half2_rn(p0, p1);
+            pk[2 * i + r] = *reinterpret_cast<const uint32_t*>(&h);
+          } else {
+            pk[2 * i + r] = mla_pack_bf16x2(p0, p1);
+          }
         }
       }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * alpha[r] + sum[r];
 
       if constexpr (kTma) {
         // The split's last tile: dims 0..511 of the rows past its end to zero
@@ -442,7 +448,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         zero_rows_past_split(stage, kv_end - tok0, tid, TT::kBlockBytes);
       }
       tiles.mark(t, 2);
-      if (t > 0) mbar_wait(mbar(kMbPEmpty), (t - 1) & 1);  // the value warpgroups have read s' of tile t-1
+      if (t > 0) mbar_wait(mbar(kMbPEmpty), (t - 1) & 1);  // tile t-1's PV is done with P
       tiles.mark(t, 3);
       store_p(p_smem, pk, warp, lane);
       if (c == 0) {
@@ -454,10 +460,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       tiles.mark(t, 4);
     }
 
-    // The final references, for the LSE (wg 1 has the sums).
-    if (c == 0) {
-      final_m[r0] = m_run[0];
-      final_m[r0 + 8] = m_run[1];
+    // Final statistics: the quad's partial sums, then (m, l) for wg 1, 2 and
+    // the LSE.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+      l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+      if (c == 0) {
+        const int row = r0 + 8 * r;
+        final_m[row] = m_run[r];
+        final_l[row] = l_run[r];
+        const int h = work.h0 + row;
+        if (h < p.num_heads) store_head_lse(args, work, h, rows, m_run[r], l_run[r]);
+      }
     }
     mbar_arrive(mbar(kMbFinal));
     tiles.done();
@@ -465,7 +480,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
   // ===================== values and loads (wg 1, 2) ===========================
   // (wg 0 does not return early: every warp stays to the end of the kernel.)
-  setmaxnreg_inc<kFp8ValueRegs>();
+  if constexpr (kRegLoads) setmaxnreg_inc<kFp8ValueRegs>();
   // Loader: thread lt copies key lt / kLoadersPerToken of a tile, chunks
   // lt % kLoadersPerToken + kLoadersPerToken m: a warp reads 8 rows x 64
   // contiguous bytes per instruction.
@@ -589,44 +604,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int vwg = wg - 1;
   const int r0 = 16 * warp + g;
   const int v_block0 = vwg * kValueBlocksPerWg;
-  // ldmatrix of s' (A fragments of PV): lane l gives row l % 8 of matrix
-  // l / 8, i.e. row 16 warp + 8 (mi % 2) + ri, keys 16 kk + 8 (mi / 2) ..
-  const int mi = lane >> 3, ri = lane & 7;
-  const int s_row = 16 * warp + 8 * (mi & 1) + ri;
-  float l_run[2] = {0.f, 0.f};  // rows r0, r0 + 8 over this thread's 16 columns; the quad's sum at the end
   for (int t = 0; t < n_tiles; ++t) {
     const int slot = t % kStages;
-    mbar_wait(mbar(kMbPFull), t & 1);  // s' and alpha of tile t stored
+    mbar_wait(mbar(kMbPFull), t & 1);  // P and alpha of tile t stored
     tiles.mark(t, 0);
-    // s' of this warp's rows, 4 k-steps of 16 keys: sp[kk] = (row g, keys
-    // 2c..), (row g + 8, ..), (row g, keys 8 + 2c..), (row g + 8, ..).
-    uint32_t sp[kTileTokens / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kTileTokens / 16; ++kk) {
-      const int chunk = 2 * kk + (mi >> 1);
-      ldmatrix_x4(sp[kk], p_smem + s_row * 128 + ((chunk ^ ri) << 4));
-    }
     const float a0 = alpha_smem[(t & 1) * kRows + r0], a1 = alpha_smem[(t & 1) * kRows + r0 + 8];
-    if (t + 1 < n_tiles) mbar_arrive(mbar(kMbPEmpty));  // this thread has read s' of tile t
-    // P = exp2(s') in the operand type, and the row sums.
-    float sum[2] = {0.f, 0.f};
-#pragma unroll
-    for (int kk = 0; kk < kTileTokens / 16; ++kk) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&sp[kk][j]));
-        const float p0 = exp2f(x.x), p1 = exp2f(x.y);
-        sum[j & 1] += p0 + p1;
-        if constexpr (kFp8) {
-          const __half2 h = __floats2half2_rn(p0, p1);
-          sp[kk][j] = *reinterpret_cast<const uint32_t*>(&h);
-        } else {
-          sp[kk][j] = mla_pack_bf16x2(p0, p1);
-        }
-      }
-    }
-    l_run[0] = l_run[0] * a0 + sum[0];
-    l_run[1] = l_run[1] * a1 + sum[1];
     // Skipped when no row of the warp changed its maximum (alpha = 1), the
     // usual case after the first tiles (a warp-uniform branch).
     if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
@@ -641,9 +623,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kTileTokens / 16; ++kk) {
+      const uint64_t desc_p = smem_desc_sw128(p_smem + 32 * kk, 16, kSwizzleGroupBytes);
       const uint64_t desc_v = smem_desc_sw128(kv_smem + slot * TT::kStageBytes + v_block0 * TT::kBlockBytes + kk * 16 * 128,
                                               TT::kBlockBytes, kSwizzleGroupBytes);
-      wgmma_m64n256k16_rs_tnspb<kFp8>(o, sp[kk], desc_v);
+      wgmma_m64n256k16_ss_tnspb<kFp8, true>(o, desc_p, desc_v);
     }
     wgmma_commit();
     tiles.mark(t, 1);
@@ -657,6 +640,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     tiles.mark(t, 2);
     bar_sync(kBarValues, kLoaderThreads);  // both value warpgroups are done with tile t
     tiles.mark(t, 3);
+    if (t + 1 < n_tiles) mbar_arrive(mbar(kMbPEmpty));
     if constexpr (kRegLoads) {
       store_tile(t + 2);  // into tile t's slot, from the codes fetched one iteration ago
       fetch_tile(t + 3);
@@ -683,12 +667,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float inv[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float l = l_run[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const int row = r0 + 8 * r, h = work.h0 + row;
-    // wg 1 stores the LSE (both value warpgroups hold the same sums).
-    if (vwg == 0 && c == 0 && h < p.num_heads) store_head_lse(args, work, h, rows, final_m[row], l);
+    const float l = final_l[r0 + 8 * r];
     inv[r] = l > 0.f ? 1.f / l : 0.f;
     if constexpr (kFp8) inv[r] *= __ldg(p.fp8_scale);  // V's dequantisation
     if (isnan(l) || work.orphan) inv[r] = CUDART_NAN_F;
