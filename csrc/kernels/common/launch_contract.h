@@ -88,29 +88,6 @@ inline cudaError_t launch_with_dynamic_smem(Kernel kernel, dim3 grid, int thread
   return cudaGetLastError();
 }
 
-// launch_with_dynamic_smem as a programmatic dependent of the work before it
-// (PDL, sm_90+): the grid is launched once every CTA of the previous kernel has
-// started (or signalled), so its CTAs are resident when that kernel ends. Each
-// CTA must execute `griddepcontrol.wait` before it touches global memory.
-template <typename... KernelArgs, typename... Args>
-inline cudaError_t launch_dependent_with_dynamic_smem(void (*kernel)(KernelArgs...), dim3 grid, int threads,
-                                                      int smem_bytes, unsigned long long& configured,
-                                                      cudaStream_t stream, const Args&... args) {
-  const cudaError_t err = opt_in_dynamic_smem(kernel, smem_bytes, configured);
-  if (err != cudaSuccess) return err;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, args...);
-}
-
 // Launches `kernel` on `stream`; with `programmatic` (sm_90+, Plan::
 // programmatic_combine) as a programmatic dependent of the work before it
 // (PDL): its CTAs may be scheduled while the previous kernel still runs, and

@@ -278,9 +278,6 @@ __global__ void __launch_bounds__(kThreadsOf<F>, 1)
   constexpr bool kBf16 = F == KvFormat::kBf16;     // tiles land by TMA, no producers' decode
   static_assert(kFp8 || kMx || kBf16, "OCP fp8, MXFP4 or bf16");
 #if MLA_SM90A_DEVICE
-  // Launched as a programmatic dependent (launch_dependent_with_dynamic_smem):
-  // nothing global is read or written before the previous kernel has finished.
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   extern __shared__ __align__(1024) uint8_t smem[];
   const MlaDecodeParams& p = args.p;
   const int tid = threadIdx.x;

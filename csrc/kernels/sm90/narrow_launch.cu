@@ -26,7 +26,7 @@ cudaError_t launch_narrow_f16(const DecodeLaunch& args, const sm90::CodeTensorMa
   constexpr int kSmem = sm90::narrow::Smem::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
   static unsigned long long configured_devices = 0;
-  return launch_dependent_with_dynamic_smem(sm90::narrow::decode_narrow_kernel<F>, split_grid(args), sm90::narrow::kThreadsOf<F>,
+  return launch_with_dynamic_smem(sm90::narrow::decode_narrow_kernel<F>, split_grid(args), sm90::narrow::kThreadsOf<F>,
                                   kSmem, configured_devices, stream, args, map);
 }
 
@@ -59,7 +59,7 @@ cudaError_t launch_narrow_register_v(const DecodeLaunch& args, cudaStream_t stre
   constexpr int kSmem = sm90::narrow_fp8::Smem::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
   static unsigned long long configured_devices = 0;
-  return launch_dependent_with_dynamic_smem(sm90::narrow_fp8::decode_narrow_fp8_kernel, split_grid(args),
+  return launch_with_dynamic_smem(sm90::narrow_fp8::decode_narrow_fp8_kernel, split_grid(args),
                                   sm90::narrow_fp8::kThreads, kSmem, configured_devices, stream, args, map);
 }
 

@@ -214,9 +214,6 @@ __device__ __forceinline__ void codes_to_a_fragment(uint32_t r_lo, uint32_t r_hi
 __global__ void __launch_bounds__(kThreads, 1)
     decode_narrow_fp8_kernel(const DecodeLaunch args, const __grid_constant__ CodeTensorMap kv_map) {
 #if MLA_SM90A_DEVICE
-  // Launched as a programmatic dependent (launch_dependent_with_dynamic_smem):
-  // nothing global is read or written before the previous kernel has finished.
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   extern __shared__ __align__(1024) uint8_t smem[];
   const MlaDecodeParams& p = args.p;
   const int tid = threadIdx.x;

@@ -217,9 +217,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr bool kMx = F == KvFormat::kMxfp4;
   static_assert(F == KvFormat::kBf16 || kFp8 || kMx, "bf16, OCP fp8 or MXFP4");
 #if MLA_SM90A_DEVICE
-  // Launched as a programmatic dependent (launch_dependent_with_dynamic_smem):
-  // nothing global is read or written before the previous kernel has finished.
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   constexpr int kStages = TT::kStages;
   constexpr bool kRegLoads = kFp8 || kMx;  // codes through registers, decoded as a tile is stored
   static_assert(!kTma || F == KvFormat::kBf16, "the TMA form is bf16's");

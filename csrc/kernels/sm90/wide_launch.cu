@@ -29,7 +29,7 @@ cudaError_t launch_wide_format(const DecodeLaunch& args, cudaStream_t stream) {
   }
   static unsigned long long configured_devices = 0;
   const cudaError_t err =
-      launch_dependent_with_dynamic_smem(sm90::wide::decode_wide_kernel<kTileTokens, F, kTma>, split_grid(args),
+      launch_with_dynamic_smem(sm90::wide::decode_wide_kernel<kTileTokens, F, kTma>, split_grid(args),
                                sm90::wide::kThreads, kSmem, configured_devices, stream, args, map);
 #if MLA_TRACE_ENABLED
   // Trace builds: print CTA (0, 0)'s tile clocks (trace.cuh, TileTrace).
