@@ -584,16 +584,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     store_tile(1);
     fetch_tile(2);
   } else if constexpr (kTma) {
-    // Tile 1 is requested once tile 0 has landed: at the start every CTA asks
-    // for Q and its first tiles at once (28 MB at B = 64), and DRAM serves
-    // them in no useful order, so QK(0) would wait for tile 1's bytes too.
-    static_assert(kStages == 2, "tiles 0 and 1 fill the ring");
     if (tid == 128) {
-      issue_tma(0);
-      if (n_tiles > 1) {
-        for (int blk = 0; blk < kColBlocks; ++blk) mbar_wait(mbar(kMbBlock + blk), 0);
-        issue_tma(1);
-      }
+#pragma unroll
+      for (int j = 0; j < kStages; ++j) issue_tma(j);
     }
   } else {
 #pragma unroll
