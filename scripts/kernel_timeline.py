@@ -5,12 +5,13 @@ consecutive kernels and calls overlap, back to back and alone.
                                        [--heads 128] [--format bf16]
 
 For each provider and shape (q_len 1, the H = 128 sweep's inputs and rotation over copies worth
-3x L2), three graphs are replayed under the PyTorch profiler (CUPTI kernel records, which carry
-each kernel's GPU start and end also inside a graph):
+3x L2), three graphs, captured as the benchmark's WindowTimer captures them, are replayed under
+the PyTorch profiler (CUPTI kernel records, which carry each kernel's GPU start and end also
+inside a graph):
 
-  n=16   16 calls back to back (at least one per rotated set), 4 replays 50 ms apart
+  n=16   at least 16 calls back to back, every rotated set alike, 4 replays 50 ms apart
   n=1    one call, 8 replays 50 ms apart (the call alone after an idle gap)
-  +prod  16 calls, each preceded by a kernel that writes the call's Q (q *= 1, same values), as a
+  +prod  as n=16, each call preceded by a kernel that writes the call's Q (q *= 1, same values), as a
          model's projection or RoPE does before attention
 
 and per graph it prints each kernel's median / min / max duration, the median gap between
@@ -93,23 +94,6 @@ def kernel_records(prof):
             if e.get("cat") == "kernel" and e.get("ph") == "X"]
 
 
-def capture(calls, n):
-    import torch
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for c in calls:
-            c()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(n):
-            calls[i % len(calls)]()
-    torch.cuda.synchronize()
-    return g
-
-
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--providers", default="mla_decode,flash_mla")
@@ -140,8 +124,10 @@ def main(argv=None):
     from torch.profiler import ProfilerActivity, profile
 
     import mla_decode
+    from mla_decode.bench.metrics import KV_BYTES_PER_TOKEN
     from mla_decode.bench.providers import FlashMLAPeer, cache_of
     from mla_decode.bench.sections import rotated_sets
+    from mla_decode.bench.timers import WindowTimer
     from mla_decode.inputs import generate_input
 
     dev = torch.device("cuda")
@@ -158,7 +144,8 @@ def main(argv=None):
         q, kv_data, qo, kvp, cfg = generate_input(b, 1, kv, seed=3, device=dev, num_heads=args.heads)
         cache, scale = cache_of(kv_data, args.format)
         sm = float(cfg["sm_scale"])
-        sets = rotated_sets(q, cache, scale, cache.numel() * cache.element_size() + q.numel() * q.element_size(), l2)
+        set_bytes = b * kv * KV_BYTES_PER_TOKEN[args.format] + q.numel() * q.element_size()
+        sets = rotated_sets(q, cache, scale, set_bytes, l2)
         provs = {}
         if "mla_decode" in args.providers:
             provs["mla_decode"] = [(lambda qq=qq, kk=kk, ss=ss: mla_decode.decode(qq, kk, qo, kv_scale=ss, kv_indptr=kvp,
@@ -170,30 +157,23 @@ def main(argv=None):
             provs[name + "+prod"] = [(lambda c=c, qq=qq: (qq.mul_(1.0), c())) for c, (qq, _, _) in zip(provs[name], sets)]
         for name, calls in provs.items():
             for n, reps in ((16, 4),) if name.endswith("+prod") else ((16, 4), (1, 8)):
-                per_graph = max(n, len(calls)) if n > 1 else 1
-                g = capture(calls, per_graph)
+                # The benchmark's graph: at least n calls, every rotated set alike (n = 1: one call).
+                timer = WindowTimer(calls if n > 1 else calls[:1], dev, n)
                 for _ in range(3):
-                    g.replay()
-                torch.cuda.synchronize()
+                    timer.window()
                 with profile(activities=[ProfilerActivity.CUDA]) as prof:
                     for _ in range(reps):
                         time.sleep(0.05)
-                        g.replay()
-                        torch.cuda.synchronize()
-                lengths = []
+                        timer.window()
+                per_call = []
                 for _ in range(reps):
                     time.sleep(0.05)
-                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    e0.record()
-                    g.replay()
-                    e1.record()
-                    torch.cuda.synchronize()
-                    lengths.append(e0.elapsed_time(e1) * 1000)
-                length = statistics.median(lengths)
-                print(f"{name} {b}x{kv} graph of {per_graph} calls ({len(sets)} sets): replay {length:.1f} us "
-                      f"= {length / per_graph:.2f} per call", flush=True)
-                print(format_summary(f"{name} {b}x{kv} n={per_graph}", kernel_records(prof)), flush=True)
-                del g
+                    per_call.append(timer.window()[0])
+                us = statistics.median(per_call)
+                print(f"{name} {b}x{kv} graph of {timer.per_graph} calls ({len(sets)} sets, {timer.method}): "
+                      f"replay {us * timer.per_graph:.1f} us = {us:.2f} per call", flush=True)
+                print(format_summary(f"{name} {b}x{kv} n={timer.per_graph}", kernel_records(prof)), flush=True)
+                timer.close()
             torch.cuda.synchronize()
 
 
