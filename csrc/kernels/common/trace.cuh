@@ -1,6 +1,6 @@
 // Opt-in timeline probes for the CUDA kernels (a measurement tool, not part of
 // any normal build; the mma.sync split kernel and the combine kernel carry
-// TraceProbe, the wide kernel TileTrace). Built with -DMLA_DECODE_TRACE
+// TraceProbe, the wide kernel TileTrace and CtaPhases). Built with -DMLA_DECODE_TRACE
 // (setup.py adds it when MLA_DECODE_TRACE=1 is set at build time; scripts/trace_timeline.py reads the output), thread 0
 // of a few CTAs records %globaltimer (ns, one clock for every SM and kernel)
 // at named points and prints one line at the end:
@@ -98,7 +98,71 @@ struct TileTrace {
 #endif
 };
 
+// Phase clocks of every CTA (a measurement tool like TileTrace): one thread
+// per role records clock64() at kPoints points (point 0 at start(), the last
+// at finish()), %globaltimer at start() and finish() (ns, one clock for every
+// SM: where the CTAs' spans lie against each other), its SM and one count the
+// kernel supplies (the wide kernel: its tiles). Each value is stored to the
+// role's kWords in global memory as it is taken (no registers held across the
+// kernel; no printf: see TileTrace). A point not reached stays -1. Where
+// TileTrace shows the tile loop of one CTA, this shows the start-up, loop and
+// epilogue of all of them (launch skew, the start-up burst, the tail).
+template <int kPoints>
+struct CtaPhases {
+  static constexpr int kWords = kPoints + 4;  // clocks, SM, globaltimer at start and finish, count
 #if MLA_TRACE_ENABLED
+  long long* dst = nullptr;
+  __device__ __forceinline__ static long long globaltimer() {
+    unsigned long long v;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v)::"memory");
+    return static_cast<long long>(v);
+  }
+  __device__ __forceinline__ void start(long long* slot, bool enabled) {
+    dst = enabled ? slot : nullptr;
+    if (!dst) return;
+    dst[kPoints + 1] = globaltimer();
+    dst[0] = clock64();
+    for (int i = 1; i < kPoints; ++i) dst[i] = -1;
+    dst[kPoints + 2] = -1;
+  }
+  __device__ __forceinline__ void mark(int point) {
+    if (dst) dst[point] = clock64();
+  }
+  __device__ __forceinline__ void finish(long long count) {
+    if (!dst) return;
+    dst[kPoints - 1] = clock64();
+    dst[kPoints + 2] = globaltimer();
+    unsigned int sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    dst[kPoints] = sm;
+    dst[kPoints + 3] = count;
+  }
+#else
+  __device__ __forceinline__ void start(long long*, bool) {}
+  __device__ __forceinline__ void mark(int) {}
+  __device__ __forceinline__ void finish(long long) {}
+#endif
+};
+
+#if MLA_TRACE_ENABLED
+// Prints the CtaPhases buffers of `ctas` CTAs x `roles` roles (CTA-major, as
+// the kernel wrote them; CTA i is blockIdx (i % grid_x, i / grid_x)), clocks
+// relative to the role's point 0:
+//   PHASES <role> <x> <y> <sm> <count> <g_start> <g_finish> <c1 - c0> <c2 - c0> ...
+template <int kPoints>
+__global__ void print_cta_phases(const long long* buf, int ctas, int roles, int grid_x) {
+  constexpr int kWords = CtaPhases<kPoints>::kWords;
+  for (int i = 0; i < ctas; ++i) {
+    for (int r = 0; r < roles; ++r) {
+      const long long* b = buf + (static_cast<long long>(i) * roles + r) * kWords;
+      printf("PHASES %d %d %d %lld %lld %lld %lld", r, i % grid_x, i / grid_x, b[kPoints], b[kPoints + 3],
+             b[kPoints + 1], b[kPoints + 2]);
+      for (int k = 1; k < kPoints; ++k) printf(" %lld", (b[k] < 0 || b[0] < 0) ? -1LL : b[k] - b[0]);
+      printf("\n");
+    }
+  }
+}
+
 // Prints `roles` TileTrace buffers of kEvents x kTiles (+ the first tile, the
 // start and done clocks), each clock minus role 0's start clock:
 //   TILES <role> <tile> <c0> <c1> ...

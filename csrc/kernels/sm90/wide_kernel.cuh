@@ -186,15 +186,25 @@ constexpr float kLazyLog2 = 8.f;
 constexpr int kRopeBlock = kColBlocks - 1;
 constexpr int kFp8ValueRegs = 200;
 
-// Trace builds (trace.cuh): 5 event clocks of 8 tiles for thread 0 (scores)
-// and thread 128 (values) of CTA (0, 0); wide_launch.cu prints them.
+// Trace builds (trace.cuh), both printed by wide_launch.cu:
+//   TileTrace: 5 event clocks of 8 tiles for thread 0 (scores) and thread 128
+//     (values) of CTA (0, 0);
+//   CtaPhases: the same two threads of every CTA (the first kPhaseCtas in
+//     grid order) at 5 points: scores: start, Q stored, QK(0) done, QK(last)
+//     done, final (m, l) stored; values: start, first tiles requested, PV(0)
+//     done, PV(last) done, outputs stored. The count is the CTA's tiles.
 constexpr int kTileTraceEvents = 5, kTileTraceTiles = 8;
 constexpr int kTileTraceWords = TileTrace<kTileTraceEvents, kTileTraceTiles>::kWords;
+constexpr int kPhasePoints = 5, kPhaseCtas = 2048;
+constexpr int kPhaseWords = CtaPhases<kPhasePoints>::kWords;
 #if MLA_TRACE_ENABLED
 __device__ long long wide_tile_trace[2 * kTileTraceWords];
+__device__ long long wide_cta_phases[kPhaseCtas * 2 * kPhaseWords];
 __device__ __forceinline__ long long* wide_trace_buffer() { return wide_tile_trace; }
+__device__ __forceinline__ long long* wide_phase_buffer() { return wide_cta_phases; }
 #else
 __device__ __forceinline__ long long* wide_trace_buffer() { return nullptr; }
+__device__ __forceinline__ long long* wide_phase_buffer() { return nullptr; }
 #endif
 
 // F: bf16 (operands as stored), OCP fp8 (e4m3fn: Q is scaled per head into
@@ -228,6 +238,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int lane = tid % 32;
   const int g = lane >> 2;
   const int c = lane & 3;
+  // -DMLA_DECODE_TRACE only (trace.cuh): this CTA's phase clocks, thread 0
+  // (scores) and thread 128 (values).
+  const int cta = blockIdx.y * gridDim.x + blockIdx.x;
+  CtaPhases<kPhasePoints> phases;
+  const bool phase_thread = (tid == 0 || tid == 128) && cta < kPhaseCtas;
+  phases.start(wide_phase_buffer() + (phase_thread ? (2 * cta + tid / 128) * kPhaseWords : 0), phase_thread);
 
   const uint32_t smem_base = smem_u32(smem);
   const uint32_t q_smem = smem_base + Smem::kQ;
@@ -304,6 +320,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_proxy_async_shared();
       bar_sync(kBarQ, 128);
     }
+    phases.mark(1);
 
     // A thread holds accumulator rows r0 = 16 warp + g and r0 + 8, columns
     // (keys of the tile) 8i + 2c + e: s[4i + 2r + e].
@@ -356,6 +373,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<0>();
       pin(s);
       tiles.mark(t, 1);
+      if (t == 0) phases.mark(2);
+      if (t == n_tiles - 1) phases.mark(3);
       if constexpr (kTma) {
         // QK(t) is done with the slot's rope block: tile t + 2's lands there now.
         if (tid == 0 && t + kStages < n_tiles) {
@@ -477,6 +496,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_arrive(mbar(kMbFinal));
     tiles.done();
     tiles.write(wide_trace_buffer());
+    phases.finish(n_tiles);
   } else {
   // ===================== values and loads (wg 1, 2) ===========================
   // (wg 0 does not return early: every warp stays to the end of the kernel.)
@@ -598,6 +618,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 
+  phases.mark(1);
   float o[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
@@ -638,6 +659,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     pin(o);
     tiles.mark(t, 2);
+    if (t == 0) phases.mark(2);
+    if (t == n_tiles - 1) phases.mark(3);
     bar_sync(kBarValues, kLoaderThreads);  // both value warpgroups are done with tile t
     tiles.mark(t, 3);
     if (t + 1 < n_tiles) mbar_arrive(mbar(kMbPEmpty));
@@ -740,6 +763,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   tiles.done();
   tiles.write(wide_trace_buffer() + kTileTraceWords);
+  phases.finish(n_tiles);
   }  // wg 1, 2
 #endif  // MLA_SM90A_DEVICE
 }

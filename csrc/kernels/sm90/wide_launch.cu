@@ -4,6 +4,8 @@
 #include "common/portability.h"
 #if !MLA_PLATFORM_HIP
 
+#include <algorithm>
+
 #include "kernels/sm90/wide_kernel.cuh"
 #include "plan/kernel_geometry.h"
 
@@ -32,12 +34,20 @@ cudaError_t launch_wide_format(const DecodeLaunch& args, cudaStream_t stream) {
       launch_with_dynamic_smem(sm90::wide::decode_wide_kernel<kTileTokens, F, kTma>, split_grid(args),
                                sm90::wide::kThreads, kSmem, configured_devices, stream, args, map);
 #if MLA_TRACE_ENABLED
-  // Trace builds: print CTA (0, 0)'s tile clocks (trace.cuh, TileTrace).
+  // Trace builds: print CTA (0, 0)'s tile clocks (trace.cuh, TileTrace) and
+  // every CTA's phase clocks (CtaPhases; scripts/wide_phases.py reads them).
   if (err == cudaSuccess) {
     void* buf = nullptr;
     if (cudaGetSymbolAddress(&buf, sm90::wide::wide_tile_trace) == cudaSuccess) {
       print_tile_trace<sm90::wide::kTileTraceEvents, sm90::wide::kTileTraceTiles>
           <<<1, 1, 0, stream>>>(static_cast<const long long*>(buf), 2);
+    }
+    const dim3 grid = split_grid(args);
+    const int ctas = static_cast<int>(std::min<long long>(static_cast<long long>(grid.x) * grid.y,
+                                                          sm90::wide::kPhaseCtas));
+    if (cudaGetSymbolAddress(&buf, sm90::wide::wide_cta_phases) == cudaSuccess) {
+      print_cta_phases<sm90::wide::kPhasePoints><<<1, 1, 0, stream>>>(static_cast<const long long*>(buf), ctas, 2,
+                                                                      static_cast<int>(grid.x));
     }
   }
 #endif
