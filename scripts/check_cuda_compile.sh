@@ -9,6 +9,7 @@
 # checks each kernel's machine-code size against a budget (KERNEL_CODE_KB,
 # default 96): a call after other kernels fetches its code from L2 or DRAM, so
 # code size is paid per call (docs/kernels.md, section 10, "Code size").
+# Then the sm_90a trace build (-DMLA_DECODE_TRACE, kernels/common/trace.cuh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
@@ -58,5 +59,18 @@ if [ -s "$sizes" ]; then
     if [ "$kb" -gt "$budget_kb" ]; then mark="OVER"; status=1; fi
     echo "  $mark ${kb} KiB $(echo "$name" | c++filt 2> /dev/null | cut -c1-110 || echo "$name")"
   done < "$sizes"
+fi
+# The trace build (MLA_DECODE_TRACE=1: the timeline probes of trace.cuh), sm_90a:
+# a measurement tool that must still compile when a device call needs it.
+if [ -z "${ARCH:-}" ]; then
+  for cu in csrc/kernels/common/*.cu csrc/kernels/sm80/*.cu csrc/kernels/sm90/*.cu; do
+    if "$NVCC" -std=c++17 -O3 --expt-relaxed-constexpr --use_fast_math -I csrc \
+        -gencode=arch=compute_90a,code=sm_90a -DMLA_DECODE_SM90A -DMLA_DECODE_TRACE -c "$cu" -o "$tmp/trace.o" \
+        > "$tmp/log" 2>&1; then
+      echo "ok   sm_90a trace build $cu"
+    else
+      echo "FAIL sm_90a trace build $cu"; cat "$tmp/log"; status=1
+    fi
+  done
 fi
 exit $status

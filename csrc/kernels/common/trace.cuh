@@ -147,15 +147,19 @@ struct CtaPhases {
 #if MLA_TRACE_ENABLED
 // Prints the CtaPhases buffers of `ctas` CTAs x `roles` roles (CTA-major, as
 // the kernel wrote them; CTA i is blockIdx (i % grid_x, i / grid_x)), clocks
-// relative to the role's point 0:
-//   PHASES <role> <x> <y> <sm> <count> <g_start> <g_finish> <c1 - c0> <c2 - c0> ...
+// relative to the role's point 0 (scripts/cta_phases.py reads them):
+//   PHASES <kernel> <role> <x> <y> <sm> <count> <g_start> <g_finish> <c1 - c0> <c2 - c0> ...
+enum class PhaseKernel : int { kWide, kNarrow, kNarrowRegisterV };
 template <int kPoints>
-__global__ void print_cta_phases(const long long* buf, int ctas, int roles, int grid_x) {
+__global__ void print_cta_phases(PhaseKernel which, const long long* buf, int ctas, int roles, int grid_x) {
   constexpr int kWords = CtaPhases<kPoints>::kWords;
+  const char* kernel = which == PhaseKernel::kWide     ? "wide"
+                       : which == PhaseKernel::kNarrow ? "narrow"
+                                                       : "narrow_register_v";
   for (int i = 0; i < ctas; ++i) {
     for (int r = 0; r < roles; ++r) {
       const long long* b = buf + (static_cast<long long>(i) * roles + r) * kWords;
-      printf("PHASES %d %d %d %lld %lld %lld %lld", r, i % grid_x, i / grid_x, b[kPoints], b[kPoints + 3],
+      printf("PHASES %s %d %d %d %lld %lld %lld %lld", kernel, r, i % grid_x, i / grid_x, b[kPoints], b[kPoints + 3],
              b[kPoints + 1], b[kPoints + 2]);
       for (int k = 1; k < kPoints; ++k) printf(" %lld", (b[k] < 0 || b[0] < 0) ? -1LL : b[k] - b[0]);
       printf("\n");

@@ -65,6 +65,7 @@
 #include "common/addressing.h"
 #include "common/params.h"
 #include "kernels/common/launch_contract.h"
+#include "kernels/common/trace.cuh"
 #include "kernels/common/work.cuh"
 #include "kernels/sm80/ptx_sm80.cuh"
 #include "kernels/sm90/ptx_sm90.cuh"
@@ -119,6 +120,20 @@ struct Smem {
 };
 static_assert(Smem::kKv % 1024 == 0 && Smem::kPt % 1024 == 0, "swizzle atoms are 1024-byte aligned");
 static_assert(Smem::kBars % 8 == 0, "mbarrier alignment");
+
+// Trace builds (trace.cuh; narrow_launch.cu prints them): CtaPhases of every
+// CTA (the first kPhaseCtas in grid order) at 6 points, thread 0 (consumer:
+// start, Q stored, QK(0) done, QK(last) done, PV(last) done, outputs stored)
+// and thread 128 (producers: start and end only). The count is the CTA's
+// tiles.
+constexpr int kPhasePoints = 6, kPhaseCtas = 2048;
+constexpr int kPhaseWords = CtaPhases<kPhasePoints>::kWords;
+#if MLA_TRACE_ENABLED
+__device__ long long narrow_cta_phases[kPhaseCtas * 2 * kPhaseWords];
+__device__ __forceinline__ long long* phase_buffer() { return narrow_cta_phases; }
+#else
+__device__ __forceinline__ long long* phase_buffer() { return nullptr; }
+#endif
 
 
 // A descriptor whose value the compiler must treat as unknown here, so the
@@ -296,6 +311,12 @@ __global__ void __launch_bounds__(kThreadsOf<F>, 1)
   uint32_t* flags = reinterpret_cast<uint32_t*>(smem + Smem::kFlags);
   float* q_scale = reinterpret_cast<float*>(smem + Smem::kQScale);
 
+  // -DMLA_DECODE_TRACE only (trace.cuh): this CTA's phase clocks.
+  const int cta = blockIdx.y * gridDim.x + blockIdx.x;
+  const bool phase_thread = (tid == 0 || tid == 128) && cta < kPhaseCtas;
+  CtaPhases<kPhasePoints> phases;
+  phases.start(phase_buffer() + (phase_thread ? (2 * cta + tid / 128) * kPhaseWords : 0), phase_thread);
+
   const WorkItem work = locate_work<kTileTokens, kRows>(args);
   const int kv_begin = work.kv_begin, kv_end = work.kv_end;
   const int n_tiles = ceil_div(kv_end - kv_begin, kTileTokens);
@@ -358,6 +379,7 @@ __global__ void __launch_bounds__(kThreadsOf<F>, 1)
       fence_proxy_async_shared();
       bar_sync(kBarQ, 128);
     }
+    phases.mark(1);
 
     // Accumulator layout (m64n16): s[4j + 2r + e] = (key 16 warp + g + 8r,
     // head 8j + 2c + e); this thread's heads hd[2j + e] = 8j + 2c + e.
@@ -407,6 +429,8 @@ __global__ void __launch_bounds__(kThreadsOf<F>, 1)
         }
         wgmma_wait<0>();
         pin(s);
+        if (t == 0) phases.mark(2);
+        if (t == n_tiles - 1) phases.mark(3);
       }
 
       // Masks: keys past the split -inf, bad indices NaN (flag word of key k:
@@ -484,6 +508,7 @@ __global__ void __launch_bounds__(kThreadsOf<F>, 1)
     }
     wgmma_wait<0>();
     pin(o);
+    phases.mark(4);
 
     // ---- epilogue: l per head over the 64 rows of keys, O^T / l ------------
     publish_row_sums(l_part, sum_x, warp, g, c);
@@ -520,6 +545,7 @@ __global__ void __launch_bounds__(kThreadsOf<F>, 1)
         }
       }
     }
+    phases.finish(n_tiles);
   } else {
     // ============================ producers ==================================
     if constexpr (!kMx) setmaxnreg_inc<kProducerRegs>();
@@ -676,6 +702,7 @@ __global__ void __launch_bounds__(kThreadsOf<F>, 1)
         store_tile(t + 1);
       }
     }  // fp8 / MXFP4 producers
+    phases.finish(n_tiles);
   }
 #endif  // MLA_SM90A_DEVICE
 }

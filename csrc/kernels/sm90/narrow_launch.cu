@@ -5,6 +5,7 @@
 #include "common/portability.h"
 #if !MLA_PLATFORM_HIP
 
+#include <algorithm>
 
 #include "kernels/sm90/narrow_register_v_kernel.cuh"  // includes the narrow kernel
 #include "plan/kernel_geometry.h"
@@ -13,6 +14,22 @@ namespace mla_decode {
 namespace cuda {
 
 namespace {
+
+#if MLA_TRACE_ENABLED
+// Trace builds: print every CTA's phase clocks (trace.cuh, CtaPhases) of the
+// kernel just launched, whose buffer is `symbol`.
+template <int kPoints, typename Symbol>
+void print_phases(const Symbol& symbol, PhaseKernel kernel, cudaError_t launched, const DecodeLaunch& args,
+                  cudaStream_t stream) {
+  void* buf = nullptr;
+  if (launched != cudaSuccess || cudaGetSymbolAddress(&buf, symbol) != cudaSuccess) return;
+  const dim3 grid = split_grid(args);
+  const int ctas = static_cast<int>(
+      std::min<long long>(static_cast<long long>(grid.x) * grid.y, sm90::narrow::kPhaseCtas));
+  print_cta_phases<kPoints><<<1, 1, 0, stream>>>(kernel, static_cast<const long long*>(buf), ctas, 2,
+                                                 static_cast<int>(grid.x));
+}
+#endif
 
 static_assert(sm90::narrow::Smem::kTotal == plan::kNarrowSmemBytes, "plan/kernel_geometry.h: the narrow layout");
 static_assert(sm90::narrow_fp8::Smem::kTotal == plan::kNarrowRegisterVSmemBytes,
@@ -26,8 +43,14 @@ cudaError_t launch_narrow_f16(const DecodeLaunch& args, const sm90::CodeTensorMa
   constexpr int kSmem = sm90::narrow::Smem::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
   static unsigned long long configured_devices = 0;
-  return launch_with_dynamic_smem(sm90::narrow::decode_narrow_kernel<F>, split_grid(args), sm90::narrow::kThreadsOf<F>,
-                                  kSmem, configured_devices, stream, args, map);
+  const cudaError_t err = launch_with_dynamic_smem(sm90::narrow::decode_narrow_kernel<F>, split_grid(args),
+                                                   sm90::narrow::kThreadsOf<F>, kSmem, configured_devices, stream,
+                                                   args, map);
+#if MLA_TRACE_ENABLED
+  print_phases<sm90::narrow::kPhasePoints>(sm90::narrow::narrow_cta_phases, PhaseKernel::kNarrow, err, args,
+                                           stream);
+#endif
+  return err;
 }
 
 template <KvFormat F>
@@ -59,8 +82,14 @@ cudaError_t launch_narrow_register_v(const DecodeLaunch& args, cudaStream_t stre
   constexpr int kSmem = sm90::narrow_fp8::Smem::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
   static unsigned long long configured_devices = 0;
-  return launch_with_dynamic_smem(sm90::narrow_fp8::decode_narrow_fp8_kernel, split_grid(args),
-                                  sm90::narrow_fp8::kThreads, kSmem, configured_devices, stream, args, map);
+  const cudaError_t launched = launch_with_dynamic_smem(sm90::narrow_fp8::decode_narrow_fp8_kernel, split_grid(args),
+                                                        sm90::narrow_fp8::kThreads, kSmem, configured_devices, stream,
+                                                        args, map);
+#if MLA_TRACE_ENABLED
+  print_phases<sm90::narrow_fp8::kPhasePoints>(sm90::narrow_fp8::narrow_fp8_cta_phases, PhaseKernel::kNarrowRegisterV,
+                                               launched, args, stream);
+#endif
+  return launched;
 }
 
 }  // namespace cuda

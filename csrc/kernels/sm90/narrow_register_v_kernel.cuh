@@ -145,6 +145,20 @@ static_assert(Smem::kCodes % 1024 == 0 && Smem::kPt % 1024 == 0 && kQBlockBytes 
 static_assert(Smem::kBars % 8 == 0, "mbarrier alignment");
 constexpr int kCodeEmptyArrivals = 4 + 8;  // scorer warps + value warps
 
+// Trace builds (trace.cuh; narrow_launch.cu prints them): CtaPhases of every
+// CTA (the first narrow::kPhaseCtas in grid order) at 5 points, thread 0
+// (scorer: start, Q stored, QK(0) done, QK(last) done, factors and LSE
+// stored) and thread 128 (values: start, first tiles requested, PV(0) done,
+// PV(last) done, outputs stored). The count is the CTA's tiles.
+constexpr int kPhasePoints = 5;
+constexpr int kPhaseWords = CtaPhases<kPhasePoints>::kWords;
+#if MLA_TRACE_ENABLED
+__device__ long long narrow_fp8_cta_phases[narrow::kPhaseCtas * 2 * kPhaseWords];
+__device__ __forceinline__ long long* phase_buffer() { return narrow_fp8_cta_phases; }
+#else
+__device__ __forceinline__ long long* phase_buffer() { return nullptr; }
+#endif
+
 // Q of this CTA's 16 heads as two e4m3 terms for the e4m3 QK: hi = e4m3(x), mid =
 // e4m3(16 (x - hi)), x = q 2^e per head (q_scale[head] = 2^-e), stored as
 // 5 column blocks of 32 rows (the hi terms of heads 0..15, then the mid
@@ -222,6 +236,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int lane = tid % 32;
   const int g = lane >> 2;
   const int c = lane & 3;
+  // -DMLA_DECODE_TRACE only (trace.cuh): this CTA's phase clocks.
+  const int cta = blockIdx.y * gridDim.x + blockIdx.x;
+  const bool phase_thread = (tid == 0 || tid == 128) && cta < narrow::kPhaseCtas;
+  CtaPhases<kPhasePoints> phases;
+  phases.start(phase_buffer() + (phase_thread ? (2 * cta + tid / 128) * kPhaseWords : 0), phase_thread);
 
   const uint32_t smem_base = smem_u32(smem);
   const uint32_t q_smem = smem_base + Smem::kQt;
@@ -262,6 +281,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     store_q_e4m3_terms(p, work, tid, q_smem, q_scale);
     fence_proxy_async_shared();
     bar_sync(kBarQ, 128);
+    phases.mark(1);
 
     // Accumulator layout (m64n16 of fp32): s[4j + 2r + e] = (key 16 warp + g
     // + 8r, head 8j + 2c + e); this thread's heads hd[2j + e] = 8j + 2c + e.
@@ -321,6 +341,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           promote(acc[grp % kQkAccs]);
         }
         if (lane == 0) mbar_arrive(mbar(Smem::kBarCodeEmpty + stage));  // this warp's QK reads are done
+        if (t == 0) phases.mark(2);
+        if (t == n_tiles - 1) phases.mark(3);
       }
 
       // Masks: keys past the split -inf, rows outside the cache (their codes
@@ -380,6 +402,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     mbar_arrive(mbar(Smem::kBarEpilogue));  // the factors stored
+    phases.finish(n_tiles);
   } else {
     // ========================== value warpgroups =============================
     const int vt = tid - 128;
@@ -409,6 +432,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (vt == 0) {
       for (int tile = 0; tile < kCodeStages && tile < n_tiles; ++tile) issue_code_tile(tile);
     }
+    phases.mark(1);
 
     float o[kValueBlocks][8];  // O^T: o[mb][4j + 2r + e] = (dim d0(mb) + 2g + r, head 8j + 2c + e)
 #pragma unroll
@@ -482,6 +506,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<0>();
       pin(o);
       mbar_arrive(mbar(Smem::kBarPEmpty + buf));  // every value thread (its reads of the flag and factors)
+      if (t == 0) phases.mark(2);
+      if (t == n_tiles - 1) phases.mark(3);
     }
 
     // ---- epilogue: O^T times the heads' factors ------------------------------
@@ -511,6 +537,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
+    phases.finish(n_tiles);
   }
 #endif  // MLA_SM90A_DEVICE
 }

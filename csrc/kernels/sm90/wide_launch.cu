@@ -35,7 +35,7 @@ cudaError_t launch_wide_format(const DecodeLaunch& args, cudaStream_t stream) {
                                sm90::wide::kThreads, kSmem, configured_devices, stream, args, map);
 #if MLA_TRACE_ENABLED
   // Trace builds: print CTA (0, 0)'s tile clocks (trace.cuh, TileTrace) and
-  // every CTA's phase clocks (CtaPhases; scripts/wide_phases.py reads them).
+  // every CTA's phase clocks (CtaPhases; scripts/cta_phases.py reads them).
   if (err == cudaSuccess) {
     void* buf = nullptr;
     if (cudaGetSymbolAddress(&buf, sm90::wide::wide_tile_trace) == cudaSuccess) {
@@ -46,7 +46,8 @@ cudaError_t launch_wide_format(const DecodeLaunch& args, cudaStream_t stream) {
     const int ctas = static_cast<int>(std::min<long long>(static_cast<long long>(grid.x) * grid.y,
                                                           sm90::wide::kPhaseCtas));
     if (cudaGetSymbolAddress(&buf, sm90::wide::wide_cta_phases) == cudaSuccess) {
-      print_cta_phases<sm90::wide::kPhasePoints><<<1, 1, 0, stream>>>(static_cast<const long long*>(buf), ctas, 2,
+      print_cta_phases<sm90::wide::kPhasePoints><<<1, 1, 0, stream>>>(PhaseKernel::kWide,
+                                                                      static_cast<const long long*>(buf), ctas, 2,
                                                                       static_cast<int>(grid.x));
     }
   }
