@@ -1,9 +1,10 @@
 // Opt-in timeline probes for the CUDA kernels (a measurement tool, not part of
 // any normal build; the mma.sync split kernel and the combine kernel carry
-// TraceProbe, the wide kernel TileTrace and CtaPhases). Built with -DMLA_DECODE_TRACE
-// (setup.py adds it when MLA_DECODE_TRACE=1 is set at build time; scripts/trace_timeline.py reads the output), thread 0
-// of a few CTAs records %globaltimer (ns, one clock for every SM and kernel)
-// at named points and prints one line at the end:
+// TraceProbe, the wide kernel TileTrace, the Hopper split kernels CtaPhases).
+// Built with -DMLA_DECODE_TRACE (setup.py adds it when MLA_DECODE_TRACE=1 is
+// set at build time). TraceProbe (scripts/trace_timeline.py reads its output):
+// thread 0 of a few CTAs records %globaltimer (ns, one clock for every SM and
+// kernel) at named points and prints one line at the end:
 //   TRACE <kernel> <blockIdx.x> <blockIdx.y> <t0> <t1 - t0> <t2 - t0> ...
 // (-1 for points not reached). Without the macro every probe compiles to
 // nothing.
@@ -102,7 +103,7 @@ struct TileTrace {
 // per role records clock64() at kPoints points (point 0 at start(), the last
 // at finish()), %globaltimer at start() and finish() (ns, one clock for every
 // SM: where the CTAs' spans lie against each other), its SM and one count the
-// kernel supplies (the wide kernel: its tiles). Each value is stored to the
+// kernel supplies (the Hopper split kernels: the CTA's tiles). Each value is stored to the
 // role's kWords in global memory as it is taken (no registers held across the
 // kernel; no printf: see TileTrace). A point not reached stays -1. Where
 // TileTrace shows the tile loop of one CTA, this shows the start-up, loop and
