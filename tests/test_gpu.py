@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import mla_decode
+from mla_decode.reference import dequantize_cache, reference_decode
 from cases import (FORMATS, LAYOUTS, SM_SCALE, SMEM_99KB, check_against_reference, check_every_kernel,
                    explain_case, kernel_variants, make_case, run_case)
 
@@ -254,6 +255,33 @@ def test_out_views_on_every_kernel(fmt, view):
                 assert torch.isnan(buf[:, :, 512:]).all(), "the padding between rows was written"
             else:
                 assert torch.isnan(buf[:4]).all(), "the elements before the output were written"
+
+
+# The query as a view: padded heads (head stride 640, NaN in the gap), head-major (a transposed
+# (H, T, 576) tensor) and one token's Q repeated across tokens (an expanded view, token stride 0), on
+# every kernel, one split and several. The wide kernel's TMA form lands Q through a tensor map over
+# these strides; the expanded view, which no tensor map describes, takes its cp.async form.
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "mxfp4"])
+@pytest.mark.parametrize("view", ["padded", "head_major", "expanded"])
+def test_query_views_on_every_kernel(fmt, view):
+    case = make_case(fmt, "indptr", 128, 1, [300, 64, 0, 129], seed=23, device=DEV)
+    rows, heads = case.q.shape[0], case.q.shape[1]
+    if view == "padded":
+        buf = torch.full((rows, heads, 640), float("nan"), dtype=torch.bfloat16, device=DEV)
+        buf[:, :, :576] = case.q
+        case.q = buf[:, :, :576]
+    elif view == "head_major":
+        case.q = case.q.transpose(0, 1).contiguous().transpose(0, 1)
+    else:
+        case.q = case.q[:1].expand(rows, heads, 576)
+        kv_rows = dequantize_cache(case.kv.cpu(), None if case.kv_scale is None else case.kv_scale.cpu())
+        case.ref_out, case.ref_lse = reference_decode(case.q.cpu(), kv_rows, case.qo_indptr.cpu(), SM_SCALE,
+                                                      kv_indptr=case.kv_indptr.cpu())
+    plan = explain_case(case, overrides={"kernel": "wide"})
+    assert plan.tma_tiles == (fmt == "bf16" and view != "expanded"), plan
+    for num_splits in (0, 3):
+        ran = check_every_kernel(case, num_splits)
+        assert explain_case(case).kernel == "wide" or {"kernel": "wide"} in ran, ran
 
 
 @pytest.mark.parametrize("offset", [1, 2, 3])

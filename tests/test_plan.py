@@ -149,6 +149,14 @@ def test_wide_bf16_tiles_land_by_tma_where_the_rows_allow():
     # the narrow kernel's bf16 form and the register-V kernel are TMA forms
     assert plan_of(32, 8192, "bf16").tma_tiles and plan_of(32, 8192, "fp8").tma_tiles
     assert "tma_tiles=True" in str(plan_of(64, 8192, "bf16", heads=128))
+    # that form lands Q by TMA too: a query whose token stride a tensor map cannot describe (an
+    # expanded view, stride 0 across 4 tokens) keeps the cp.async form; one token (its stride never
+    # used) does not stand in the way
+    (q, cache, qo), kw = shapes(4, 8192, "bf16", heads=128)
+    expanded = torch.empty(1, 128, 576, dtype=torch.bfloat16).expand(4, 128, 576)
+    plan = mla_decode.explain(expanded, cache, qo, device=DeviceFacts.h200(), **kw)
+    assert plan.kernel == "wide" and not plan.tma_tiles
+    assert plan_of(1, 8192, "bf16", heads=128).tma_tiles
 
 
 def test_other_devices():

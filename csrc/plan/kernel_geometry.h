@@ -12,7 +12,7 @@
 namespace mla_decode {
 namespace plan {
 
-constexpr int kWideSmemBytes = 230904;             // sm90::wide::Smem::kTotal
+constexpr int kWideSmemBytes = 230912;             // sm90::wide::Smem::kTotal
 constexpr int kNarrowSmemBytes = 168864;           // sm90::narrow::Smem::kTotal
 constexpr int kNarrowRegisterVSmemBytes = 189560;  // sm90::narrow_fp8::Smem::kTotal
 

@@ -56,6 +56,21 @@ const char* why_not_tma_rows(const MlaDecodeParams& p, const DeviceFacts& d) {
   return nullptr;
 }
 
+// Whether the wide kernel's TMA form can describe the query to a tensor map
+// (tensor_map.h, encode_q_map): head and token strides of 16 to 2^40 bytes in
+// multiples of 16 (a dimension of size 1, whose stride validation records as
+// 0, is never stepped along: encode_q_map gives it a valid one).
+const char* why_not_tma_query(const MlaDecodeParams& p) {
+  auto ok = [](int64_t stride_elems, int64_t size) {
+    const int64_t bytes = stride_elems * 2;
+    return size == 1 || (bytes >= 16 && bytes % 16 == 0 && bytes < (int64_t{1} << 40));
+  };
+  if (!ok(p.q_stride_head, p.num_heads) || !ok(p.q_stride_token, p.total_q)) {
+    return "the query's strides are outside what a TMA tensor map can describe";
+  }
+  return nullptr;
+}
+
 // What every Hopper kernel needs: an sm_90a build on an sm_90 device, 16-byte
 // aligned rows, `smem` bytes of shared memory per block.
 const char* why_not_hopper(const MlaDecodeParams& p, const DeviceFacts& d, int smem) {
@@ -179,8 +194,9 @@ Plan wide_plan(const MlaDecodeParams& p, const DeviceFacts& d, int requested_spl
   plan.smem_bytes = kWideSmemBytes;
   // bf16 tiles by TMA where the rows allow it: one thread issues a tile's nine
   // boxes, where cp.async would take the value warpgroups ~1500 cycles of
-  // issue per tile (docs/performance.md).
-  plan.tma_tiles = p.format == KvFormat::kBf16 && why_not_tma_rows(p, d) == nullptr;
+  // issue per tile (docs/performance.md). That form lands Q by TMA too.
+  plan.tma_tiles =
+      p.format == KvFormat::kBf16 && why_not_tma_rows(p, d) == nullptr && why_not_tma_query(p) == nullptr;
   return plan;
 }
 

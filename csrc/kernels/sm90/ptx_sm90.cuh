@@ -287,6 +287,27 @@ __device__ __forceinline__ void fence_mbarrier_init() {
 #endif
 }
 
+// Starts fetching a tensor map (the address of a __grid_constant__ CUtensorMap
+// kernel parameter) into the TMA unit's descriptor cache, so that the first
+// TMA load through it need not wait for that fetch.
+__device__ __forceinline__ void tma_prefetch_map(const void* map) {
+#if MLA_SM90A_DEVICE
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+#endif
+}
+
+// TMA: the box of a 3-D tensor map at element coordinates (x, y, z), as
+// tma_load_2d below.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, int x, int y, int z, uint32_t bar) {
+#if MLA_SM90A_DEVICE
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::
+          "r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(z), "r"(bar)
+      : "memory");
+#endif
+}
+
 // TMA: the box of a 2-D tensor map (`map`: the address of a __grid_constant__
 // CUtensorMap kernel parameter) at element coordinates (x, y) into shared
 // memory at `dst`, laid out as the map's swizzle says; elements outside the

@@ -65,6 +65,32 @@ cudaError_t encode_code_map(const MlaDecodeParams& p, CodeTensorMap* map) {
 }
 
 
+// (tensor_map.h states the map's shape.)
+cudaError_t encode_q_map(const MlaDecodeParams& p, CodeTensorMap* map) {
+#if MLA_SM90_HAS_TMA
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kHeadDimQK), static_cast<cuuint64_t>(p.num_heads),
+                              static_cast<cuuint64_t>(p.total_q)};
+  // A dimension of size 1 has its stride recorded as 0 (validation.cpp); it
+  // is never stepped along, so any valid stride describes it.
+  const cuuint64_t head_bytes = p.num_heads > 1 ? static_cast<cuuint64_t>(p.q_stride_head) * 2 : kHeadDimQK * 2;
+  const cuuint64_t token_bytes =
+      p.total_q > 1 ? static_cast<cuuint64_t>(p.q_stride_token) * 2 : head_bytes * static_cast<cuuint64_t>(p.num_heads);
+  const cuuint64_t strides[2] = {head_bytes, token_bytes};
+  const cuuint32_t box[3] = {64u, 64u, 1u};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void*>(p.q), dims, strides, box,
+                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+#else
+  (void)p;
+  (void)map;
+  return cudaErrorNotSupported;
+#endif
+}
+
 }  // namespace sm90
 
 bool driver_encodes_tensor_maps() {

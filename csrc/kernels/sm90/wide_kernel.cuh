@@ -39,7 +39,7 @@
 //            row by its P, so they must hold finite values; the TMA form
 //            zeroes the last tile's rows past the split after its QK)
 //   P        64 heads x 64 keys bf16 (one column block), alpha[2][64]
-// 230,904 bytes (225.5 KiB) in all (Smem below). The epilogue reuses the
+// 230,912 bytes (225.5 KiB) in all (Smem below). The epilogue reuses the
 // ring to stage O for 16-byte stores.
 //
 // Synchronisation. Between wg 0 and wg 1, 2: mbarriers (arrive with release,
@@ -61,6 +61,8 @@
 //   p_empty     wg 1, 2 arrive when tile t's PV is complete; wg 0 waits
 //               before storing P of tile t+1 (alpha is double-buffered).
 //   final       wg 0 arrives with the final (m, l) rows stored.
+//   q           the TMA form: Q's nine boxes landed (thread 0's one arrival
+//               with Q's byte count); wg 0 waits before its first QK.
 // Named barriers only among threads running the same code: kBarValues (wg 1
 // and 2 finished tile t's PV before either refills its slot) and kBarQ.
 #pragma once
@@ -135,7 +137,8 @@ enum MBarrier : int {
   kMbFinal = 4,         // [128: wg 0]: the final (m, l) rows stored
   kMbBlock = 5,         // + 9 slot + column block [1 + 8 KB of TMA bytes; the TMA form only]: that
                         // block of the slot's tile landed; one phase per use of the slot
-  kMbCount = kMbBlock + 2 * kColBlocks,
+  kMbQ = kMbBlock + 2 * kColBlocks,  // [1 + Q's bytes; the TMA form only]: Q landed
+  kMbCount,
 };
 
 struct Smem {
@@ -217,11 +220,14 @@ __device__ __forceinline__ long long* wide_phase_buffer() { return nullptr; }
 // by TMA, nine boxes of 64 keys x 64 dims through kv_map (tensor_map.h), each
 // completing its own block barrier, so QK's k-steps on a column block start
 // once that block is in; the split's last tile has the rows past its end
-// zeroed by wg 0 before PV (they hold another item's keys, or NaN). Without
-// kTma (kv_map unused) the value warpgroups copy tiles with cp.async.
+// zeroed by wg 0 before PV (they hold another item's keys, or NaN); Q lands
+// by TMA too, nine boxes of 64 heads x 64 dims through q_map. Without kTma
+// (kv_map and q_map unused) the value warpgroups copy tiles and wg 0 copies Q
+// with cp.async.
 template <int kTileTokens, KvFormat F, bool kTma>
 __global__ void __launch_bounds__(kThreads, 1)
-    decode_wide_kernel(const DecodeLaunch args, const __grid_constant__ CodeTensorMap kv_map) {
+    decode_wide_kernel(const DecodeLaunch args, const __grid_constant__ CodeTensorMap kv_map,
+                       const __grid_constant__ CodeTensorMap q_map) {
   using TT = Tile<kTileTokens>;
   constexpr bool kFp8 = F == KvFormat::kFp8E4M3FN;  // also: f16 operands
   constexpr bool kMx = F == KvFormat::kMxfp4;
@@ -255,12 +261,33 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t* flags = reinterpret_cast<uint32_t*>(smem + Smem::kFlags);
   float* q_scale = reinterpret_cast<float*>(smem + Smem::kQScale);
 
+  const uint32_t bars = smem_base + Smem::kBars;
+  auto mbar = [&](int i) { return bars + 8 * i; };
+  // The TMA form requests Q first: its rows depend on blockIdx alone, so it
+  // need not wait for the index lookups below. Thread 0 lands its nine column
+  // blocks (64 heads x 64 dims each, the rope block first, as QK starts on
+  // it) through q_map on one barrier; heads past H arrive as zeros (an orphan
+  // token's rows come out NaN whatever its Q). Thread 128 starts fetching the
+  // cache's tensor map meanwhile, for the first tiles' loads.
+  if constexpr (kTma) {
+    const CtaCoords cta_q = cta_coords<kRows>(args);
+    if (tid == 0) {
+      mbar_init(mbar(kMbQ), 1);
+      fence_mbarrier_init();
+      mbar_arrive_expect_tx(mbar(kMbQ), kQBytes);
+      tma_load_3d(q_smem + kRopeBlock * kQBlockBytes, &q_map, 64 * kRopeBlock, cta_q.h0, cta_q.t, mbar(kMbQ));
+#pragma unroll
+      for (int blk = 0; blk < kRopeBlock; ++blk) {
+        tma_load_3d(q_smem + blk * kQBlockBytes, &q_map, 64 * blk, cta_q.h0, cta_q.t, mbar(kMbQ));
+      }
+    }
+    if (tid == 128) tma_prefetch_map(&kv_map);
+  }
+
   const WorkItem work = locate_work<kTileTokens, kRows>(args);
   const int kv_begin = work.kv_begin, kv_end = work.kv_end;
   const int n_tiles = ceil_div(kv_end - kv_begin, kTileTokens);
   const int64_t rows = static_cast<int64_t>(p.total_q) * p.num_heads;
-  const uint32_t bars = smem_base + Smem::kBars;
-  auto mbar = [&](int i) { return bars + 8 * i; };
   if (tid == 0) {
     for (int i = 0; i < kStages; ++i) mbar_init(mbar(kMbFull + i), kLoaderThreads);
     mbar_init(mbar(kMbPFull), 128);
@@ -299,9 +326,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     // ===================== scores and softmax ===============================
     if constexpr (kRegLoads) setmaxnreg_dec<kFp8ScoreRegs>();
-    // Q: thread tid copies row tid / 2, chunks tid % 2 + 2m; heads past H
-    // (and every head of an orphan token) are zero.
-    {
+    if constexpr (kTma) {
+      mbar_wait(mbar(kMbQ), 0);  // Q, requested at the kernel's start, landed
+      fence_proxy_async_shared();
+      bar_sync(kBarQ, 128);
+    } else {
+      // Q: thread tid copies row tid / 2, chunks tid % 2 + 2m; heads past H
+      // (and every head of an orphan token) are zero.
       const int row = tid >> 1, c2 = tid & 1;
       const int head = work.h0 + row;
       const bool valid = !work.orphan && head < p.num_heads;
@@ -604,9 +635,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     store_tile(1);
     fetch_tile(2);
   } else if constexpr (kTma) {
+    // Tile 1 is requested once tile 0 has landed: at the start every CTA asks
+    // for Q and its first tiles at once (28 MB at B = 64), and DRAM serves
+    // them in no useful order, so QK(0) would wait for tile 1's bytes too.
+    static_assert(kStages == 2, "tiles 0 and 1 fill the ring");
     if (tid == 128) {
-#pragma unroll
-      for (int j = 0; j < kStages; ++j) issue_tma(j);
+      issue_tma(0);
+      if (n_tiles > 1) {
+        for (int blk = 0; blk < kColBlocks; ++blk) mbar_wait(mbar(kMbBlock + blk), 0);
+        issue_tma(1);
+      }
     }
   } else {
 #pragma unroll

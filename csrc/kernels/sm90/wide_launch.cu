@@ -17,22 +17,24 @@ namespace {
 static_assert(sm90::wide::Smem::kTotal == plan::kWideSmemBytes, "plan/kernel_geometry.h: the wide kernel's layout");
 static_assert(sm90::wide::kTileTokensDefault == kHopperTileTokens, "the plan splits by 64-key tiles");
 
-// kTma: bf16 tiles by TMA (Plan::tma_tiles), through a map of the cache
-// rows encoded here for each call; the other forms get an unused zero map.
+// kTma: bf16 tiles and Q by TMA (Plan::tma_tiles), through maps of the cache
+// rows and of the query encoded here for each call; the other forms get unused
+// zero maps.
 template <KvFormat F, bool kTma>
 cudaError_t launch_wide_format(const DecodeLaunch& args, cudaStream_t stream) {
   constexpr int kTileTokens = sm90::wide::kTileTokensDefault;
   constexpr int kSmem = sm90::wide::Smem::kTotal;
   static_assert(kSmem <= MLA_MAX_SMEM_BYTES, "shared memory budget exceeded");
-  sm90::CodeTensorMap map{};
+  sm90::CodeTensorMap map{}, q_map{};
   if (kTma) {
-    const cudaError_t err = sm90::encode_code_map(args.p, &map);
+    cudaError_t err = sm90::encode_code_map(args.p, &map);
+    if (err == cudaSuccess) err = sm90::encode_q_map(args.p, &q_map);
     if (err != cudaSuccess) return err;
   }
   static unsigned long long configured_devices = 0;
   const cudaError_t err =
       launch_with_dynamic_smem(sm90::wide::decode_wide_kernel<kTileTokens, F, kTma>, split_grid(args),
-                               sm90::wide::kThreads, kSmem, configured_devices, stream, args, map);
+                               sm90::wide::kThreads, kSmem, configured_devices, stream, args, map, q_map);
 #if MLA_TRACE_ENABLED
   // Trace builds: print CTA (0, 0)'s tile clocks (trace.cuh, TileTrace) and
   // every CTA's phase clocks (CtaPhases; scripts/cta_phases.py reads them).
