@@ -327,7 +327,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ===================== scores and softmax ===============================
     if constexpr (kRegLoads) setmaxnreg_dec<kFp8ScoreRegs>();
     if constexpr (kTma) {
-      mbar_wait(mbar(kMbQ), 0);  // Q, requested at the kernel's start, landed
+      // Q, requested at the kernel's start, landed: each thread's wait orders
+      // its bytes for the wgmma; the barrier brings wg 0's warps into QK(0)
+      // together, as in the cp.async form.
+      mbar_wait(mbar(kMbQ), 0);
       fence_proxy_async_shared();
       bar_sync(kBarQ, 128);
     } else {
