@@ -1,6 +1,6 @@
 // Host side of the TMA tensor maps (tensor_map.h): the driver's encoder,
-// looked up once, and the map over a call's cache rows. NVIDIA only: on a ROCm
-// build this translation unit is empty.
+// looked up once, and the maps over a call's cache rows and query. NVIDIA
+// only: on a ROCm build this translation unit is empty.
 #include "common/portability.h"
 #if !MLA_PLATFORM_HIP
 
@@ -38,6 +38,20 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   }();
   return encode;
 }
+
+// A tiled map of `rank` dimensions (innermost first; strides in bytes for
+// dimensions 1..), boxes of `box`, 128-byte swizzle (the wgmma operand
+// layout), zeros outside the tensor.
+cudaError_t encode_tiled(CodeTensorMap* map, CUtensorMapDataType type, cuuint32_t rank, const void* base,
+                         const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUresult r = encode(map, type, rank, const_cast<void*>(base), dims, strides, box, elem_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
 #endif
 
 }  // namespace
@@ -45,18 +59,12 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 // (tensor_map.h states the map's shape.)
 cudaError_t encode_code_map(const MlaDecodeParams& p, CodeTensorMap* map) {
 #if MLA_SM90_HAS_TMA
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr) return cudaErrorNotSupported;
   const bool bf16 = p.format == KvFormat::kBf16;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kHeadDimQK), static_cast<cuuint64_t>(p.num_cache_rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.kv_row_stride_bytes)};
-  const cuuint32_t box[2] = {bf16 ? 64u : 128u, static_cast<cuuint32_t>(64u)};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r = encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_UINT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 2,
-                            const_cast<void*>(p.kv), dims, strides, box,
-                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+  const cuuint32_t box[2] = {bf16 ? 64u : 128u, 64u};
+  return encode_tiled(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_UINT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, p.kv, dims,
+                      strides, box);
 #else
   (void)p;
   (void)map;
@@ -64,12 +72,9 @@ cudaError_t encode_code_map(const MlaDecodeParams& p, CodeTensorMap* map) {
 #endif
 }
 
-
 // (tensor_map.h states the map's shape.)
 cudaError_t encode_q_map(const MlaDecodeParams& p, CodeTensorMap* map) {
 #if MLA_SM90_HAS_TMA
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr) return cudaErrorNotSupported;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kHeadDimQK), static_cast<cuuint64_t>(p.num_heads),
                               static_cast<cuuint64_t>(p.total_q)};
   // A dimension of size 1 has its stride recorded as 0 (validation.cpp); it
@@ -79,11 +84,7 @@ cudaError_t encode_q_map(const MlaDecodeParams& p, CodeTensorMap* map) {
       p.total_q > 1 ? static_cast<cuuint64_t>(p.q_stride_token) * 2 : head_bytes * static_cast<cuuint64_t>(p.num_heads);
   const cuuint64_t strides[2] = {head_bytes, token_bytes};
   const cuuint32_t box[3] = {64u, 64u, 1u};
-  const cuuint32_t elem_strides[3] = {1, 1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void*>(p.q), dims, strides, box,
-                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+  return encode_tiled(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, p.q, dims, strides, box);
 #else
   (void)p;
   (void)map;

@@ -1,7 +1,8 @@
 // TMA tensor maps over the cache rows, shared by the Hopper kernels whose
 // tiles land by TMA: bf16 on the narrow and wide kernels, the fp8 codes of the
-// register-V kernel. The map is a kernel parameter (__grid_constant__), encoded
-// on the host for each call (tensor_map.cu).
+// register-V kernel; and over the query, for the wide kernel's bf16 TMA form.
+// A map is a kernel parameter (__grid_constant__), encoded on the host for
+// each call (tensor_map.cu).
 #pragma once
 
 #include <cuda.h>
