@@ -99,8 +99,9 @@ struct TileTrace {
 #endif
 };
 
-// Phase clocks of every CTA (a measurement tool like TileTrace): one thread
-// per role records clock64() at kPoints points (point 0 at start(), the last
+// Phase clocks of every CTA (a measurement tool like TileTrace): thread 0
+// (role 0) and thread 128 (role 1) of each of the first `max_ctas` CTAs in
+// grid order record clock64() at kPoints points (point 0 at start(), the last
 // at finish()), %globaltimer at start() and finish() (ns, one clock for every
 // SM: where the CTAs' spans lie against each other), its SM and one count the
 // kernel supplies (the Hopper split kernels: the CTA's tiles). Each value is stored to the
@@ -118,8 +119,11 @@ struct CtaPhases {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v)::"memory");
     return static_cast<long long>(v);
   }
-  __device__ __forceinline__ void start(long long* slot, bool enabled) {
-    dst = enabled ? slot : nullptr;
+  // buffer: max_ctas x 2 roles x kWords, CTA-major.
+  __device__ __forceinline__ void start(long long* buffer, int max_ctas) {
+    const int cta = blockIdx.y * gridDim.x + blockIdx.x;
+    const bool on = (threadIdx.x == 0 || threadIdx.x == 128) && cta < max_ctas;
+    dst = on ? buffer + (2 * static_cast<long long>(cta) + threadIdx.x / 128) * kWords : nullptr;
     if (!dst) return;
     dst[kPoints + 1] = globaltimer();
     dst[0] = clock64();
@@ -139,7 +143,7 @@ struct CtaPhases {
     dst[kPoints + 3] = count;
   }
 #else
-  __device__ __forceinline__ void start(long long*, bool) {}
+  __device__ __forceinline__ void start(long long*, int) {}
   __device__ __forceinline__ void mark(int) {}
   __device__ __forceinline__ void finish(long long) {}
 #endif
@@ -166,6 +170,18 @@ __global__ void print_cta_phases(PhaseKernel which, const long long* buf, int ct
       printf("\n");
     }
   }
+}
+
+// After a launch of `grid` whose CtaPhases buffer is the __device__ array
+// `symbol` (max_ctas CTAs): print its lines on the same stream.
+template <int kPoints, typename Symbol>
+void print_cta_phases_after(const Symbol& symbol, PhaseKernel which, dim3 grid, int max_ctas, cudaStream_t stream) {
+  void* buf = nullptr;
+  if (cudaGetSymbolAddress(&buf, symbol) != cudaSuccess) return;
+  const long long ctas = static_cast<long long>(grid.x) * grid.y;
+  print_cta_phases<kPoints><<<1, 1, 0, stream>>>(which, static_cast<const long long*>(buf),
+                                                 static_cast<int>(ctas < max_ctas ? ctas : max_ctas), 2,
+                                                 static_cast<int>(grid.x));
 }
 
 // Prints `roles` TileTrace buffers of kEvents x kTiles (+ the first tile, the

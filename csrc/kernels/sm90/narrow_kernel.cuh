@@ -312,10 +312,8 @@ __global__ void __launch_bounds__(kThreadsOf<F>, 1)
   float* q_scale = reinterpret_cast<float*>(smem + Smem::kQScale);
 
   // -DMLA_DECODE_TRACE only (trace.cuh): this CTA's phase clocks.
-  const int cta = blockIdx.y * gridDim.x + blockIdx.x;
-  const bool phase_thread = (tid == 0 || tid == 128) && cta < kPhaseCtas;
   CtaPhases<kPhasePoints> phases;
-  phases.start(phase_buffer() + (phase_thread ? (2 * cta + tid / 128) * kPhaseWords : 0), phase_thread);
+  phases.start(phase_buffer(), kPhaseCtas);
 
   const WorkItem work = locate_work<kTileTokens, kRows>(args);
   const int kv_begin = work.kv_begin, kv_end = work.kv_end;

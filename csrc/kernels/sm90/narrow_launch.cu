@@ -5,8 +5,6 @@
 #include "common/portability.h"
 #if !MLA_PLATFORM_HIP
 
-#include <algorithm>
-
 #include "kernels/sm90/narrow_register_v_kernel.cuh"  // includes the narrow kernel
 #include "plan/kernel_geometry.h"
 
@@ -14,22 +12,6 @@ namespace mla_decode {
 namespace cuda {
 
 namespace {
-
-#if MLA_TRACE_ENABLED
-// Trace builds: print every CTA's phase clocks (trace.cuh, CtaPhases) of the
-// kernel just launched, whose buffer is `symbol`.
-template <int kPoints, typename Symbol>
-void print_phases(const Symbol& symbol, PhaseKernel kernel, cudaError_t launched, const DecodeLaunch& args,
-                  cudaStream_t stream) {
-  void* buf = nullptr;
-  if (launched != cudaSuccess || cudaGetSymbolAddress(&buf, symbol) != cudaSuccess) return;
-  const dim3 grid = split_grid(args);
-  const int ctas = static_cast<int>(
-      std::min<long long>(static_cast<long long>(grid.x) * grid.y, sm90::narrow::kPhaseCtas));
-  print_cta_phases<kPoints><<<1, 1, 0, stream>>>(kernel, static_cast<const long long*>(buf), ctas, 2,
-                                                 static_cast<int>(grid.x));
-}
-#endif
 
 static_assert(sm90::narrow::Smem::kTotal == plan::kNarrowSmemBytes, "plan/kernel_geometry.h: the narrow layout");
 static_assert(sm90::narrow_fp8::Smem::kTotal == plan::kNarrowRegisterVSmemBytes,
@@ -47,8 +29,11 @@ cudaError_t launch_narrow_f16(const DecodeLaunch& args, const sm90::CodeTensorMa
                                                    sm90::narrow::kThreadsOf<F>, kSmem, configured_devices, stream,
                                                    args, map);
 #if MLA_TRACE_ENABLED
-  print_phases<sm90::narrow::kPhasePoints>(sm90::narrow::narrow_cta_phases, PhaseKernel::kNarrow, err, args,
-                                           stream);
+  // Trace builds: every CTA's phase clocks (trace.cuh, CtaPhases).
+  if (err == cudaSuccess) {
+    print_cta_phases_after<sm90::narrow::kPhasePoints>(sm90::narrow::narrow_cta_phases, PhaseKernel::kNarrow,
+                                                       split_grid(args), sm90::narrow::kPhaseCtas, stream);
+  }
 #endif
   return err;
 }
@@ -86,8 +71,12 @@ cudaError_t launch_narrow_register_v(const DecodeLaunch& args, cudaStream_t stre
                                                         sm90::narrow_fp8::kThreads, kSmem, configured_devices, stream,
                                                         args, map);
 #if MLA_TRACE_ENABLED
-  print_phases<sm90::narrow_fp8::kPhasePoints>(sm90::narrow_fp8::narrow_fp8_cta_phases, PhaseKernel::kNarrowRegisterV,
-                                               launched, args, stream);
+  // Trace builds: every CTA's phase clocks (trace.cuh, CtaPhases).
+  if (launched == cudaSuccess) {
+    print_cta_phases_after<sm90::narrow_fp8::kPhasePoints>(sm90::narrow_fp8::narrow_fp8_cta_phases,
+                                                           PhaseKernel::kNarrowRegisterV, split_grid(args),
+                                                           sm90::narrow::kPhaseCtas, stream);
+  }
 #endif
   return launched;
 }

@@ -237,10 +237,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int g = lane >> 2;
   const int c = lane & 3;
   // -DMLA_DECODE_TRACE only (trace.cuh): this CTA's phase clocks.
-  const int cta = blockIdx.y * gridDim.x + blockIdx.x;
-  const bool phase_thread = (tid == 0 || tid == 128) && cta < narrow::kPhaseCtas;
   CtaPhases<kPhasePoints> phases;
-  phases.start(phase_buffer() + (phase_thread ? (2 * cta + tid / 128) * kPhaseWords : 0), phase_thread);
+  phases.start(phase_buffer(), narrow::kPhaseCtas);
 
   const uint32_t smem_base = smem_u32(smem);
   const uint32_t q_smem = smem_base + Smem::kQt;

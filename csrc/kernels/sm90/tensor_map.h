@@ -43,7 +43,7 @@ cudaError_t encode_code_map(const MlaDecodeParams& p, CodeTensorMap* map);
 // tokens} with the query's head and token strides, bf16; boxes of 64 elements
 // x 64 heads x 1 token (one column block of a head group's Q), 128-byte
 // swizzle; heads past H fill zeros. The plan runs the forms that use it only
-// where the strides allow it (plan.cpp, why_not_tma_rows).
+// where the strides allow it (plan.cpp, why_not_tma_query).
 cudaError_t encode_q_map(const MlaDecodeParams& p, CodeTensorMap* map);
 
 }  // namespace sm90

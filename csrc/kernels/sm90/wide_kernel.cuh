@@ -246,10 +246,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int c = lane & 3;
   // -DMLA_DECODE_TRACE only (trace.cuh): this CTA's phase clocks, thread 0
   // (scores) and thread 128 (values).
-  const int cta = blockIdx.y * gridDim.x + blockIdx.x;
   CtaPhases<kPhasePoints> phases;
-  const bool phase_thread = (tid == 0 || tid == 128) && cta < kPhaseCtas;
-  phases.start(wide_phase_buffer() + (phase_thread ? (2 * cta + tid / 128) * kPhaseWords : 0), phase_thread);
+  phases.start(wide_phase_buffer(), kPhaseCtas);
 
   const uint32_t smem_base = smem_u32(smem);
   const uint32_t q_smem = smem_base + Smem::kQ;

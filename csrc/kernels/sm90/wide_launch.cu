@@ -4,8 +4,6 @@
 #include "common/portability.h"
 #if !MLA_PLATFORM_HIP
 
-#include <algorithm>
-
 #include "kernels/sm90/wide_kernel.cuh"
 #include "plan/kernel_geometry.h"
 
@@ -44,14 +42,8 @@ cudaError_t launch_wide_format(const DecodeLaunch& args, cudaStream_t stream) {
       print_tile_trace<sm90::wide::kTileTraceEvents, sm90::wide::kTileTraceTiles>
           <<<1, 1, 0, stream>>>(static_cast<const long long*>(buf), 2);
     }
-    const dim3 grid = split_grid(args);
-    const int ctas = static_cast<int>(std::min<long long>(static_cast<long long>(grid.x) * grid.y,
-                                                          sm90::wide::kPhaseCtas));
-    if (cudaGetSymbolAddress(&buf, sm90::wide::wide_cta_phases) == cudaSuccess) {
-      print_cta_phases<sm90::wide::kPhasePoints><<<1, 1, 0, stream>>>(PhaseKernel::kWide,
-                                                                      static_cast<const long long*>(buf), ctas, 2,
-                                                                      static_cast<int>(grid.x));
-    }
+    print_cta_phases_after<sm90::wide::kPhasePoints>(sm90::wide::wide_cta_phases, PhaseKernel::kWide, split_grid(args),
+                                                     sm90::wide::kPhaseCtas, stream);
   }
 #endif
   return err;
